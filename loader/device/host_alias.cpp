@@ -1,0 +1,139 @@
+#include "device/host_alias.h"
+
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+
+#include "device/allocator.h"
+
+namespace maxdev::device {
+namespace {
+
+// The alias DataPtr keeps the device storage alive: a CPU kernel may hand an
+// alias back or keep it for the duration of the call.
+void release_storage_ref(void* ctx) {
+  c10::intrusive_ptr<c10::StorageImpl>::reclaim(static_cast<c10::StorageImpl*>(ctx));
+}
+
+c10::Storage alias_storage(c10::StorageImpl* device_storage) {
+  void* data = device_storage->mutable_data();
+  c10::raw::intrusive_ptr::incref(device_storage);
+  c10::DataPtr ptr(data, device_storage, &release_storage_ref, c10::Device(c10::kCPU));
+  // Resizable with the device allocator: an out= kernel may grow it, and
+  // commit() moves the grown buffer to the device storage.
+  return c10::Storage(c10::Storage::use_byte_size_t(), device_storage->nbytes(), std::move(ptr),
+                      &allocator(), /*resizable=*/true);
+}
+
+at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key),
+                                                     like.dtype());
+  auto* impl = t.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) impl->_set_conj(true);
+  if (like.is_neg()) impl->_set_neg(true);
+  return t;
+}
+
+struct AdoptedBuffer {
+  c10::intrusive_ptr<c10::StorageImpl> cpu;
+  int64_t nbytes;
+};
+
+void release_adopted(void* ctx) {
+  auto* adopted = static_cast<AdoptedBuffer*>(ctx);
+  allocator().note_adopted_release(adopted->nbytes);
+  delete adopted;
+}
+
+}  // namespace
+
+at::Tensor device_tensor_on(c10::Storage storage, const at::Tensor& like) {
+  return tensor_on(std::move(storage), c10::DispatchKey::PrivateUse1, like);
+}
+
+c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage) {
+  auto* impl = cpu_storage.unsafeGetStorageImpl();
+  const auto nbytes = static_cast<int64_t>(impl->nbytes());
+  void* data = impl->mutable_data();
+  auto* adopted = new AdoptedBuffer{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), nbytes};
+  allocator().note_adopted(nbytes);
+  c10::DataPtr ptr(data, adopted, &release_adopted, the_device());
+  return c10::Storage(c10::Storage::use_byte_size_t(), impl->nbytes(), std::move(ptr), &allocator(),
+                      /*resizable=*/true);
+}
+
+at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
+  auto* device_storage = device_tensor.storage().unsafeGetStorageImpl();
+  c10::Storage alias;
+  for (const auto& pair : storages_) {
+    if (pair.device == device_storage) alias = pair.alias;
+  }
+  if (!alias) {
+    alias = alias_storage(device_storage);
+    storages_.push_back({device_storage, alias, alias.data()});
+  }
+  auto cpu = tensor_on(std::move(alias), c10::DispatchKey::CPU, device_tensor);
+  tensors_.push_back({cpu.unsafeGetTensorImpl(), device_tensor});
+  return cpu;
+}
+
+void HostAliasScope::commit() {
+  for (auto& pair : storages_) {
+    auto* alias = pair.alias.unsafeGetStorageImpl();
+    if (alias->data() == pair.original_data) continue;
+    // The kernel resized the alias: the new buffer came from the device
+    // allocator; hand it to the device storage.
+    c10::DataPtr grown = alias->set_data_ptr(c10::DataPtr());
+    grown.unsafe_set_device(the_device());
+    pair.device->set_data_ptr_noswap(std::move(grown));
+    pair.device->set_nbytes(alias->nbytes());
+    alias->set_nbytes(0);
+    // From now on the alias storage stands for the device storage only by
+    // identity (find_alias).
+  }
+}
+
+const HostAliasScope::StoragePair* HostAliasScope::find_alias(
+    const c10::StorageImpl* alias_storage) const {
+  for (const auto& pair : storages_) {
+    if (pair.alias.unsafeGetStorageImpl() == alias_storage) return &pair;
+  }
+  return nullptr;
+}
+
+c10::Storage HostAliasScope::device_storage_for(const c10::Storage& cpu_storage) {
+  const auto* impl = cpu_storage.unsafeGetStorageImpl();
+  if (const auto* pair = find_alias(impl)) {
+    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(pair->device));
+  }
+  for (const auto& [cpu, device] : adopted_) {
+    if (cpu == impl) return device;
+  }
+  auto device = adopt_cpu_storage(cpu_storage);
+  adopted_.emplace_back(impl, device);
+  return device;
+}
+
+at::Tensor HostAliasScope::to_device(const at::Tensor& result) {
+  if (!result.defined() || result.device().type() != c10::kCPU) return result;
+  for (const auto& pair : tensors_) {
+    if (pair.alias == result.unsafeGetTensorImpl()) return pair.device;
+  }
+  return device_tensor_on(device_storage_for(result.storage()), result);
+}
+
+void HostAliasScope::sync_back(const at::Tensor& device_tensor, const at::Tensor& alias) {
+  auto* impl = device_tensor.unsafeGetTensorImpl();
+  if (alias.storage().unsafeGetStorageImpl() != nullptr) {
+    const auto* pair = find_alias(alias.storage().unsafeGetStorageImpl());
+    if (pair == nullptr || pair->device != impl->storage().unsafeGetStorageImpl()) {
+      impl->set_storage_keep_dtype(device_storage_for(alias.storage()));
+    }
+  }
+  if (impl->sizes() != alias.sizes() || impl->strides() != alias.strides() ||
+      impl->storage_offset() != alias.storage_offset()) {
+    impl->set_sizes_and_strides(alias.sizes(), alias.strides(), alias.storage_offset());
+  }
+}
+
+}  // namespace maxdev::device

@@ -1,0 +1,70 @@
+// Zero-copy bridge between max_device tensors and CPU tensors.
+//
+// max_device memory is host RAM, so a CPU kernel can work on a device
+// tensor's bytes directly. A HostAliasScope hands CPU kernels CPU "aliases"
+// of device tensors (same bytes, storage offset, sizes and strides; the
+// alias storage covers the whole device storage) and turns what the kernel
+// returns back into device tensors:
+//   - a result that lives in an alias storage becomes a view of the device
+//     storage (in-place and out= results become the argument itself);
+//   - a result the kernel allocated is adopted: a device storage takes over
+//     the CPU buffer, no bytes move.
+// If a kernel resizes an alias (out= of the wrong size), the alias storage
+// grows with the device allocator and commit() re-seats the device storage
+// on the new buffer, so every view of it sees the result.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+namespace maxdev::device {
+
+class HostAliasScope {
+ public:
+  HostAliasScope() = default;
+  HostAliasScope(const HostAliasScope&) = delete;
+  HostAliasScope& operator=(const HostAliasScope&) = delete;
+
+  // A CPU tensor over the bytes of `device_tensor` (a max_device tensor).
+  at::Tensor to_cpu(const at::Tensor& device_tensor);
+
+  // Call once the kernel returned, before to_device()/sync_back().
+  void commit();
+
+  // The max_device tensor for a kernel result (CPU tensors only; others
+  // are returned unchanged).
+  at::Tensor to_device(const at::Tensor& result);
+
+  // After a kernel mutated the alias of `device_tensor` (resize_, set_),
+  // give the device tensor the alias's storage and geometry.
+  void sync_back(const at::Tensor& device_tensor, const at::Tensor& alias);
+
+ private:
+  struct StoragePair {
+    c10::StorageImpl* device;  // owned by the device tensors of the call
+    c10::Storage alias;        // CPU storage over the same bytes
+    const void* original_data;
+  };
+  struct TensorPair {
+    const c10::TensorImpl* alias;
+    at::Tensor device;
+  };
+  const StoragePair* find_alias(const c10::StorageImpl* alias_storage) const;
+  c10::Storage device_storage_for(const c10::Storage& cpu_storage);
+
+  c10::SmallVector<StoragePair, 4> storages_;
+  c10::SmallVector<TensorPair, 4> tensors_;
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
+};
+
+// A max_device tensor with the given storage and the geometry of `like`.
+at::Tensor device_tensor_on(c10::Storage storage, const at::Tensor& like);
+
+// Adopt a CPU-allocated storage as a max_device storage without copying.
+c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage);
+
+inline bool is_device_tensor(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+}  // namespace maxdev::device

@@ -1,0 +1,277 @@
+#include "dispatch/cpu_fallback.h"
+
+#include <ATen/native/CPUFallback.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "common/log.h"
+#include "device/generator.h"
+#include "device/host_alias.h"
+
+namespace maxdev::dispatch {
+namespace {
+
+using device::HostAliasScope;
+using device::is_device_tensor;
+
+constexpr int8_t kNoOverride = -1;
+
+struct OpEntry {
+  std::string name;
+  std::atomic<int64_t> count{0};
+  std::atomic<int8_t> policy{kNoOverride};
+  std::atomic<bool> warned{false};
+};
+
+class FallbackRegistry {
+ public:
+  FallbackRegistry() {
+    if (const char* env = std::getenv("MAX_DEVICE_FALLBACK")) configure(env);
+  }
+
+  // Fast path: one shared lock and a hash lookup on the operator's address.
+  OpEntry& entry(const c10::OperatorHandle& op) {
+    const void* key = &op.operator_name();
+    {
+      std::shared_lock lock(mutex_);
+      if (auto it = by_key_.find(key); it != by_key_.end()) return *it->second;
+    }
+    std::unique_lock lock(mutex_);
+    OpEntry& e = named(c10::toString(op.operator_name()));
+    by_key_.emplace(key, &e);
+    return e;
+  }
+
+  void set_override(const std::string& op, std::optional<FallbackPolicy> policy) {
+    std::unique_lock lock(mutex_);
+    OpEntry& e = named(op);
+    e.policy = policy ? static_cast<int8_t>(*policy) : kNoOverride;
+    e.warned = false;
+  }
+
+  template <typename Fn>
+  void for_each(Fn&& fn) {
+    std::shared_lock lock(mutex_);
+    for (auto& [name, e] : by_name_) fn(*e);
+  }
+
+  std::atomic<FallbackPolicy> global{FallbackPolicy::allow};
+  std::atomic<FallbackImpl> impl{FallbackImpl::zero_copy};
+
+ private:
+  // MAX_DEVICE_FALLBACK="warn" or "allow,aten::mm=error,aten::add.out=warn".
+  void configure(const std::string& spec) {
+    std::stringstream items(spec);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (item.empty()) continue;
+      try {
+        const auto eq = item.find('=');
+        if (eq == std::string::npos) {
+          global = parse_policy(item);
+        } else {
+          set_override(item.substr(0, eq), parse_policy(item.substr(eq + 1)));
+        }
+      } catch (const std::invalid_argument& e) {
+        log::error(std::string("MAX_DEVICE_FALLBACK: ") + e.what() + "; entry '" + item +
+                   "' ignored");
+      }
+    }
+  }
+
+  OpEntry& named(const std::string& name) {
+    auto& slot = by_name_[name];
+    if (!slot) {
+      slot = std::make_unique<OpEntry>();
+      slot->name = name;
+    }
+    return *slot;
+  }
+
+  std::shared_mutex mutex_;
+  std::unordered_map<std::string, std::unique_ptr<OpEntry>> by_name_;
+  std::unordered_map<const void*, OpEntry*> by_key_;
+};
+
+FallbackRegistry& registry() {
+  static FallbackRegistry instance;
+  return instance;
+}
+
+bool is_optional_generator(const c10::Argument& arg) {
+  const auto& type = arg.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+bool is_write(const c10::Argument& arg) {
+  return arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+}
+
+// A device tensor argument and the CPU alias the kernel got for it.
+struct AliasedArg {
+  at::Tensor device;
+  at::Tensor cpu;
+  bool written;
+};
+
+void fallback_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  note_fallback(op);
+  if (registry().impl.load(std::memory_order_relaxed) == FallbackImpl::copying) {
+    at::native::cpu_fallback(op, stack);
+    return;
+  }
+  run_cpu_kernel(op, stack);
+}
+
+}  // namespace
+
+FallbackPolicy parse_policy(const std::string& name) {
+  if (name == "allow") return FallbackPolicy::allow;
+  if (name == "warn") return FallbackPolicy::warn;
+  if (name == "error") return FallbackPolicy::error;
+  throw std::invalid_argument("unknown fallback policy '" + name +
+                              "' (expected 'allow', 'warn' or 'error')");
+}
+
+const char* policy_name(FallbackPolicy policy) {
+  switch (policy) {
+    case FallbackPolicy::allow: return "allow";
+    case FallbackPolicy::warn: return "warn";
+    case FallbackPolicy::error: return "error";
+  }
+  return "?";
+}
+
+void set_fallback_policy(FallbackPolicy policy) {
+  registry().global = policy;
+  registry().for_each([](OpEntry& e) { e.warned = false; });
+}
+
+FallbackPolicy fallback_policy() { return registry().global; }
+
+void set_op_fallback_policy(const std::string& op, std::optional<FallbackPolicy> policy) {
+  registry().set_override(op, policy);
+}
+
+std::vector<std::pair<std::string, FallbackPolicy>> op_fallback_policies() {
+  std::vector<std::pair<std::string, FallbackPolicy>> out;
+  registry().for_each([&](OpEntry& e) {
+    if (e.policy != kNoOverride) out.emplace_back(e.name, static_cast<FallbackPolicy>(e.policy.load()));
+  });
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t>> fallback_counts() {
+  std::vector<std::pair<std::string, int64_t>> out;
+  registry().for_each([&](OpEntry& e) {
+    if (e.count > 0) out.emplace_back(e.name, e.count.load());
+  });
+  return out;
+}
+
+void reset_fallback_counts() {
+  registry().for_each([](OpEntry& e) { e.count = 0; });
+}
+
+void set_fallback_impl(FallbackImpl impl) { registry().impl = impl; }
+
+void note_fallback(const c10::OperatorHandle& op) {
+  OpEntry& e = registry().entry(op);
+  e.count.fetch_add(1, std::memory_order_relaxed);
+  const int8_t own = e.policy.load(std::memory_order_relaxed);
+  const auto policy = own == kNoOverride ? registry().global.load(std::memory_order_relaxed)
+                                         : static_cast<FallbackPolicy>(own);
+  if (policy == FallbackPolicy::allow) return;
+  if (policy == FallbackPolicy::error) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false, "max_device: ", e.name,
+        " has no max_device kernel and would run on the CPU fallback, which the fallback "
+        "policy forbids ('error'). Load a plugin that serves it, or allow it with "
+        "max_device.set_fallback_policy('allow', op='",
+        e.name, "').");
+  }
+  if (!e.warned.exchange(true)) {
+    TORCH_WARN("max_device: ", e.name,
+               " has no max_device kernel; it runs on the CPU fallback (zero copy). "
+               "This is reported once per op; see max_device.fallback_counts().");
+  }
+}
+
+void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t num_args = arguments.size();
+  const size_t first = stack->size() - num_args;
+
+  HostAliasScope scope;
+  c10::SmallVector<AliasedArg, 4> aliased;
+  auto alias = [&](const at::Tensor& t, bool written) {
+    if (!is_device_tensor(t)) return t;
+    at::Tensor cpu = scope.to_cpu(t);
+    aliased.push_back({t, cpu, written});
+    return cpu;
+  };
+
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& value = (*stack)[first + i];
+    const bool written = is_write(arguments[i]);
+    if (value.isTensor()) {
+      value = alias(value.toTensor(), written);
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> cpu_list;
+      for (const at::Tensor& t : value.toTensorList()) cpu_list.push_back(alias(t, written));
+      value = std::move(cpu_list);
+    } else if (value.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> cpu_list;
+      for (const c10::IValue& item : value.toListRef()) {
+        cpu_list.push_back(item.isTensor() ? std::optional<at::Tensor>(alias(item.toTensor(), written))
+                                           : std::nullopt);
+      }
+      value = std::move(cpu_list);
+    } else if (is_optional_generator(arguments[i])) {
+      value = device::cpu_engine(value.isNone() ? std::nullopt : value.toOptional<at::Generator>());
+    } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      // Factories that reach the fallback allocate on the CPU; the result
+      // is adopted below.
+      value = c10::Device(c10::kCPU);
+    }
+  }
+
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  scope.commit();
+  for (const auto& arg : aliased) {
+    if (arg.written) scope.sync_back(arg.device, arg.cpu);
+  }
+  const size_t num_returns = schema.returns().size();
+  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+    c10::IValue& value = (*stack)[i];
+    if (value.isTensor()) {
+      value = scope.to_device(value.toTensor());
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> device_list;
+      for (const at::Tensor& t : value.toTensorList()) device_list.push_back(scope.to_device(t));
+      value = std::move(device_list);
+    }
+  }
+}
+
+void register_fallback(torch::Library& m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
+}
+
+}  // namespace maxdev::dispatch
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { maxdev::dispatch::register_fallback(m); }

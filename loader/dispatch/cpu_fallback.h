@@ -1,0 +1,43 @@
+// The bottom of every op on max_device: PyTorch's CPU kernel, run on the
+// device tensors' own bytes (see device/host_alias.h), with a policy that
+// makes every fallback visible and, if the user wants, an error.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace maxdev::dispatch {
+
+// Run the CPU kernel of `op` on the arguments on `stack`, zero copy.
+void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+enum class FallbackPolicy : int8_t { allow = 0, warn = 1, error = 2 };
+
+FallbackPolicy parse_policy(const std::string& name);  // throws std::invalid_argument
+const char* policy_name(FallbackPolicy policy);
+
+// Global policy (initially from MAX_DEVICE_FALLBACK, default allow).
+void set_fallback_policy(FallbackPolicy policy);
+FallbackPolicy fallback_policy();
+// Per-op policy ("aten::mm", "aten::add.out"); nullopt removes the override.
+void set_op_fallback_policy(const std::string& op, std::optional<FallbackPolicy> policy);
+std::vector<std::pair<std::string, FallbackPolicy>> op_fallback_policies();
+
+// How often each op fell back since start (or the last reset).
+std::vector<std::pair<std::string, int64_t>> fallback_counts();
+void reset_fallback_counts();
+
+// The fallback an op takes: zero copy (the design), or PyTorch's copying
+// at::native::cpu_fallback (kept only as the benchmark's baseline).
+enum class FallbackImpl { zero_copy, copying };
+void set_fallback_impl(FallbackImpl impl);
+
+// Applies the policy for `op` and counts the call; throws under `error`.
+void note_fallback(const c10::OperatorHandle& op);
+
+}  // namespace maxdev::dispatch
