@@ -1,0 +1,932 @@
+/*
+ * reference — the max_device reference plugin: plain C99 against plugin.h.
+ *
+ * float32 kernels for common aten ops. Every kernel handles arbitrary
+ * strides (one strided N-d iterator below serves all of them), binary ops
+ * broadcast, and a 0-dim CPU tensor operand (`x + torch.tensor(2.)`, or the
+ * wrapped number of `x + 2`) is read as a scalar. Anything else — other
+ * dtypes, CPU tensors that are not 0-dim, outputs that overlap inputs in a
+ * way a kernel cannot handle — is declined, and PyTorch's CPU kernel runs.
+ *
+ * Kernels keep no global state and are safe to call from several threads.
+ *
+ * The same file builds two plugins:
+ *   REFERENCE_VERSION=1 (default): libreference.so,    version "1.0.0"
+ *   REFERENCE_VERSION=2:           libreference_v2.so, version "2.0.0"
+ * They differ observably in exactly one way: the custom op
+ * `reference::version(Tensor x) -> Tensor` returns a float32 tensor shaped
+ * like x filled with 1.0 (v1) or 2.0 (v2). A hot-swap test loads one, then
+ * the other, and tells which serves from that op. (Both also carry their
+ * version string in the manifest and the plugin definition.)
+ */
+#include <max_device/plugin.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef REFERENCE_VERSION
+#define REFERENCE_VERSION 1
+#endif
+#if REFERENCE_VERSION == 1
+#define REFERENCE_VERSION_STRING "1.0.0"
+#elif REFERENCE_VERSION == 2
+#define REFERENCE_VERSION_STRING "2.0.0"
+#else
+#error "REFERENCE_VERSION must be 1 or 2"
+#endif
+
+/* Most dimensions a kernel handles; more is declined. */
+#define REF_MAX_DIMS 32
+/* Most operands one iterator walks (output first). */
+#define REF_MAX_OPS 4
+
+typedef maxdev_status status;
+
+/* ===========================================================================
+ * Small checks and argument access. A wrong argument kind means the host and
+ * this plugin disagree about a schema: decline rather than guess.
+ * ========================================================================= */
+
+static int is_f32(const maxdev_tensor* t) {
+  return maxdev_dtype_is(t->dtype, MAXDEV_TYPE_FLOAT, 32);
+}
+
+static int is_device(const maxdev_tensor* t) {
+  return t->device.device_type == MAXDEV_DEVICE_MAX;
+}
+
+static int is_device_f32(const maxdev_tensor* t) {
+  return t != NULL && is_device(t) && is_f32(t) && t->ndim <= REF_MAX_DIMS;
+}
+
+static const maxdev_value* arg(const maxdev_call* c, int i, int32_t kind) {
+  if (i < 0 || i >= c->num_args || c->args[i].kind != kind) return NULL;
+  return &c->args[i];
+}
+
+static const maxdev_tensor* arg_tensor(const maxdev_call* c, int i) {
+  const maxdev_value* v = arg(c, i, MAXDEV_VALUE_TENSOR);
+  return v != NULL ? v->u.tensor : NULL;
+}
+
+static int arg_int(const maxdev_call* c, int i, int64_t* out) {
+  const maxdev_value* v = arg(c, i, MAXDEV_VALUE_INT);
+  if (v == NULL) return 0;
+  *out = v->u.i;
+  return 1;
+}
+
+static int arg_bool(const maxdev_call* c, int i, int* out) {
+  const maxdev_value* v = arg(c, i, MAXDEV_VALUE_BOOL);
+  if (v == NULL) return 0;
+  *out = v->u.b != 0;
+  return 1;
+}
+
+/* A Scalar (int, float or bool) as a double. */
+static int arg_real(const maxdev_call* c, int i, double* out) {
+  if (i < 0 || i >= c->num_args) return 0;
+  switch (c->args[i].kind) {
+    case MAXDEV_VALUE_INT:
+    case MAXDEV_VALUE_FLOAT:
+    case MAXDEV_VALUE_BOOL:
+      *out = maxdev_value_as_double(&c->args[i]);
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+/* A `ScalarType?` argument: None, or float32. Anything else declines. */
+static int arg_dtype_none_or_f32(const maxdev_call* c, int i) {
+  if (i < 0 || i >= c->num_args) return 0;
+  if (c->args[i].kind == MAXDEV_VALUE_NONE) return 1;
+  if (c->args[i].kind != MAXDEV_VALUE_DTYPE) return 0;
+  return maxdev_dtype_is(c->args[i].u.dtype, MAXDEV_TYPE_FLOAT, 32);
+}
+
+/* Output i of the call: set by the host for out= and in-place ops. */
+static const maxdev_tensor* output(const maxdev_call* c, int i) {
+  if (i < 0 || i >= c->num_outputs || c->outputs == NULL) return NULL;
+  return c->outputs[i];
+}
+
+/* PyTorch's dim wrapping; a 0-dim tensor accepts dims -1 and 0. */
+static int wrap_dim(int64_t dim, int32_t ndim, int32_t* out) {
+  const int64_t n = ndim > 0 ? ndim : 1;
+  if (dim < -n || dim >= n) return 0;
+  *out = (int32_t)(dim < 0 ? dim + n : dim);
+  return 1;
+}
+
+static int same_shape(const maxdev_tensor* a, const maxdev_tensor* b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int32_t d = 0; d < a->ndim; ++d)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+static int64_t elem_size(const maxdev_tensor* t) { return t->dtype.bits / 8; }
+
+/* ===========================================================================
+ * Memory overlap between an output and an input.
+ * ========================================================================= */
+
+/* Byte range [lo, hi) that t's elements can touch. */
+static void byte_range(const maxdev_tensor* t, uintptr_t* lo, uintptr_t* hi) {
+  intptr_t first = 0, last = 0;
+  for (int32_t d = 0; d < t->ndim; ++d) {
+    const intptr_t span = (intptr_t)((t->shape[d] - 1) * t->strides[d]);
+    if (span < 0) first += span; else last += span;
+  }
+  const uintptr_t base = (uintptr_t)maxdev_tensor_data(t);
+  *lo = base + (uintptr_t)(first * (intptr_t)elem_size(t));
+  *hi = base + (uintptr_t)((last + 1) * (intptr_t)elem_size(t));
+}
+
+static int ranges_overlap(const maxdev_tensor* a, const maxdev_tensor* b) {
+  if (maxdev_tensor_numel(a) == 0 || maxdev_tensor_numel(b) == 0) return 0;
+  uintptr_t alo, ahi, blo, bhi;
+  byte_range(a, &alo, &ahi);
+  byte_range(b, &blo, &bhi);
+  return alo < bhi && blo < ahi;
+}
+
+/* Same first element, shape and strides: every output element depends on
+ * the input element at its own index only, which element-wise code allows. */
+static int exact_alias(const maxdev_tensor* a, const maxdev_tensor* b) {
+  if (maxdev_tensor_data(a) != maxdev_tensor_data(b) || !same_shape(a, b))
+    return 0;
+  for (int32_t d = 0; d < a->ndim; ++d)
+    if (a->shape[d] != 1 && a->strides[d] != b->strides[d]) return 0;
+  return 1;
+}
+
+/* Whether writing `out` while reading `in` element by element is unsafe. */
+static int unsafe_overlap(const maxdev_tensor* out, const maxdev_tensor* in) {
+  return ranges_overlap(out, in) && !exact_alias(out, in);
+}
+
+/* ===========================================================================
+ * Broadcasting and the strided N-d iterator (the one helper every kernel
+ * uses). It walks a shape with up to REF_MAX_OPS operands, each with its own
+ * byte strides (0 on broadcast dimensions), merges dimensions that are
+ * contiguous for all operands, and hands rows of the innermost dimension to
+ * a callback.
+ * ========================================================================= */
+
+/* Byte strides of t broadcast to (ndim, shape): aligned from the right,
+ * stride 0 where t lacks the dimension or has size 1. 0 if t does not
+ * broadcast to the shape. */
+static int broadcast_strides(const maxdev_tensor* t, int32_t ndim,
+                             const int64_t* shape, int64_t* strides) {
+  const int32_t lead = ndim - t->ndim;
+  if (lead < 0) return 0;
+  for (int32_t d = 0; d < ndim; ++d) {
+    const int32_t td = d - lead;
+    if (td < 0 || t->shape[td] == 1) {
+      strides[d] = 0;
+    } else if (t->shape[td] == shape[d]) {
+      strides[d] = t->strides[td] * elem_size(t);
+    } else {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* The broadcast shape of a and b; 0 if they do not broadcast. */
+static int broadcast_shape(const maxdev_tensor* a, const maxdev_tensor* b,
+                           int32_t* ndim, int64_t* shape) {
+  const int32_t n = a->ndim > b->ndim ? a->ndim : b->ndim;
+  if (n > REF_MAX_DIMS) return 0;
+  for (int32_t d = 0; d < n; ++d) {
+    const int32_t ad = d - (n - a->ndim), bd = d - (n - b->ndim);
+    const int64_t as = ad >= 0 ? a->shape[ad] : 1;
+    const int64_t bs = bd >= 0 ? b->shape[bd] : 1;
+    if (as != bs && as != 1 && bs != 1) return 0;
+    shape[d] = as == 1 ? bs : as;
+  }
+  *ndim = n;
+  return 1;
+}
+
+typedef struct nd_iter {
+  int32_t ndim; /* >= 1 after setup */
+  int32_t nops;
+  int empty;    /* some dimension has size 0 */
+  int64_t shape[REF_MAX_DIMS];
+  int64_t strides[REF_MAX_OPS][REF_MAX_DIMS]; /* bytes */
+  char* base[REF_MAX_OPS];
+} nd_iter;
+
+/* A row: n elements; operand k starts at ptr[k] and steps step[k] bytes. */
+typedef void (*row_fn)(char* const* ptr, const int64_t* step, int64_t n,
+                       void* ctx);
+
+/* Set up an iterator over (ndim, shape) from explicit byte strides
+ * (strides + k * REF_MAX_DIMS for operand k) and base pointers. */
+static void iter_setup(nd_iter* it, int32_t ndim, const int64_t* shape,
+                       int32_t nops, char* const* base,
+                       const int64_t (*strides)[REF_MAX_DIMS]) {
+  it->nops = nops;
+  it->empty = 0;
+  for (int32_t k = 0; k < nops; ++k) it->base[k] = base[k];
+  /* Drop size-1 dimensions; note size-0 ones. */
+  int32_t n = 0;
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (shape[d] == 0) it->empty = 1;
+    if (shape[d] == 1) continue;
+    it->shape[n] = shape[d];
+    for (int32_t k = 0; k < nops; ++k) it->strides[k][n] = strides[k][d];
+    ++n;
+  }
+  if (n == 0) { /* a single element */
+    it->shape[0] = 1;
+    for (int32_t k = 0; k < nops; ++k) it->strides[k][0] = 0;
+    n = 1;
+  }
+  /* Merge an outer dimension into the next inner one when, for every
+   * operand, stepping the outer dimension equals stepping past the whole
+   * inner one. */
+  int32_t m = 0;
+  for (int32_t d = 1; d < n; ++d) {
+    int mergeable = 1;
+    for (int32_t k = 0; k < nops; ++k)
+      if (it->strides[k][m] != it->strides[k][d] * it->shape[d]) mergeable = 0;
+    if (mergeable) {
+      it->shape[m] *= it->shape[d];
+      for (int32_t k = 0; k < nops; ++k) it->strides[k][m] = it->strides[k][d];
+    } else {
+      ++m;
+      it->shape[m] = it->shape[d];
+      for (int32_t k = 0; k < nops; ++k) it->strides[k][m] = it->strides[k][d];
+    }
+  }
+  it->ndim = m + 1;
+}
+
+/* Set up an iterator over (ndim, shape) for tensors broadcast to it.
+ * 0 if some tensor does not broadcast. */
+static int iter_setup_tensors(nd_iter* it, int32_t ndim, const int64_t* shape,
+                              int32_t nops, const maxdev_tensor* const* ts) {
+  int64_t strides[REF_MAX_OPS][REF_MAX_DIMS];
+  char* base[REF_MAX_OPS];
+  for (int32_t k = 0; k < nops; ++k) {
+    if (!broadcast_strides(ts[k], ndim, shape, strides[k])) return 0;
+    base[k] = (char*)maxdev_tensor_data(ts[k]);
+  }
+  iter_setup(it, ndim, shape, nops, base, (const int64_t(*)[REF_MAX_DIMS])strides);
+  return 1;
+}
+
+/* Walk the iterator, rows of the innermost dimension to fn. `base` (or
+ * NULL for the iterator's own) replaces the operands' start pointers, so one
+ * set-up iterator can walk many sub-blocks (reductions). */
+static void iter_run(const nd_iter* it, char* const* base, row_fn fn,
+                     void* ctx) {
+  if (it->empty) return;
+  const int32_t inner = it->ndim - 1;
+  char* p[REF_MAX_OPS];
+  int64_t step[REF_MAX_OPS];
+  int64_t idx[REF_MAX_DIMS] = {0};
+  for (int32_t k = 0; k < it->nops; ++k) {
+    p[k] = base != NULL ? base[k] : it->base[k];
+    step[k] = it->strides[k][inner];
+  }
+  for (;;) {
+    fn(p, step, it->shape[inner], ctx);
+    int32_t d = inner - 1;
+    for (; d >= 0; --d) {
+      for (int32_t k = 0; k < it->nops; ++k) p[k] += it->strides[k][d];
+      if (++idx[d] < it->shape[d]) break;
+      for (int32_t k = 0; k < it->nops; ++k)
+        p[k] -= it->strides[k][d] * it->shape[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+/* ===========================================================================
+ * Element-wise ops: one row function for all of them.
+ * ========================================================================= */
+
+typedef enum ew_op {
+  EW_ADD, EW_MUL, EW_DIV, /* binary; sub is add with -alpha */
+  EW_NEG, EW_RELU, EW_GELU, EW_GELU_TANH, EW_EXP, EW_TANH, EW_SIGMOID
+} ew_op;
+
+typedef struct ew_ctx {
+  ew_op op;
+  float alpha;
+} ew_ctx;
+
+static float gelu_erf(float x) {
+  const double v = x;
+  return (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
+}
+
+static float gelu_tanh(float x) {
+  const double v = x;
+  const double k = 0.79788456080286535588; /* sqrt(2/pi) */
+  return (float)(0.5 * v * (1.0 + tanh(k * (v + 0.044715 * v * v * v))));
+}
+
+static float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
+
+static float sigmoid(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+
+#define EW_AT(k, i, type) (*(type*)(p[k] + (i) * s[k]))
+#define EW_UNARY(expr)                                   \
+  for (int64_t i = 0; i < n; ++i) {                      \
+    const float a = EW_AT(1, i, const float);            \
+    EW_AT(0, i, float) = (expr);                         \
+  }                                                      \
+  break
+#define EW_BINARY(expr)                                  \
+  for (int64_t i = 0; i < n; ++i) {                      \
+    const float a = EW_AT(1, i, const float);            \
+    const float b = EW_AT(2, i, const float);            \
+    EW_AT(0, i, float) = (expr);                         \
+  }                                                      \
+  break
+
+static void ew_row(char* const* p, const int64_t* s, int64_t n, void* vctx) {
+  const ew_ctx* ctx = (const ew_ctx*)vctx;
+  const float alpha = ctx->alpha;
+  switch (ctx->op) {
+    case EW_ADD: EW_BINARY(a + alpha * b);
+    case EW_MUL: EW_BINARY(a * b);
+    case EW_DIV: EW_BINARY(a / b);
+    case EW_NEG: EW_UNARY(-a);
+    case EW_RELU: EW_UNARY(relu(a));
+    case EW_GELU: EW_UNARY(gelu_erf(a));
+    case EW_GELU_TANH: EW_UNARY(gelu_tanh(a));
+    case EW_EXP: EW_UNARY(expf(a));
+    case EW_TANH: EW_UNARY(tanhf(a));
+    case EW_SIGMOID: EW_UNARY(sigmoid(a));
+  }
+}
+
+/* A 0-dim CPU tensor read as a float32 scalar, with a 0-dim view of it. */
+typedef struct scalar_view {
+  float value;
+  int64_t dummy; /* shape/strides are never read for ndim 0 */
+  maxdev_tensor view;
+} scalar_view;
+
+static int read_cpu_scalar(const maxdev_tensor* t, scalar_view* sv) {
+  if (t->ndim != 0 || t->dtype.lanes != 1) return 0;
+  const void* p = maxdev_tensor_data(t);
+  double v;
+  switch (t->dtype.code) {
+    case MAXDEV_TYPE_FLOAT:
+      if (t->dtype.bits == 32) v = *(const float*)p;
+      else if (t->dtype.bits == 64) v = *(const double*)p;
+      else return 0;
+      break;
+    case MAXDEV_TYPE_INT:
+      switch (t->dtype.bits) {
+        case 8: v = *(const int8_t*)p; break;
+        case 16: v = *(const int16_t*)p; break;
+        case 32: v = *(const int32_t*)p; break;
+        case 64: v = (double)*(const int64_t*)p; break;
+        default: return 0;
+      }
+      break;
+    case MAXDEV_TYPE_UINT:
+      if (t->dtype.bits != 8) return 0;
+      v = *(const uint8_t*)p;
+      break;
+    case MAXDEV_TYPE_BOOL:
+      if (t->dtype.bits != 8) return 0;
+      v = *(const uint8_t*)p != 0;
+      break;
+    default:
+      return 0;
+  }
+  sv->value = (float)v;
+  sv->dummy = 0;
+  sv->view.data = &sv->value;
+  sv->view.device.device_type = MAXDEV_DEVICE_CPU;
+  sv->view.device.device_id = 0;
+  sv->view.ndim = 0;
+  sv->view.dtype.code = MAXDEV_TYPE_FLOAT;
+  sv->view.dtype.bits = 32;
+  sv->view.dtype.lanes = 1;
+  sv->view.shape = &sv->dummy;
+  sv->view.strides = &sv->dummy;
+  sv->view.byte_offset = 0;
+  return 1;
+}
+
+/* An element-wise input: a float32 device tensor, or a 0-dim CPU scalar
+ * (converted into *sv). NULL to decline. */
+static const maxdev_tensor* ew_input(const maxdev_tensor* t, scalar_view* sv) {
+  if (t == NULL) return NULL;
+  if (t->device.device_type == MAXDEV_DEVICE_CPU)
+    return read_cpu_scalar(t, sv) ? &sv->view : NULL;
+  return is_device_f32(t) ? t : NULL;
+}
+
+/* out = op(a[, b]) with broadcasting; b is NULL for unary ops. */
+static status ew_apply(const maxdev_call* c, ew_op op, double alpha,
+                       const maxdev_tensor* out, const maxdev_tensor* a_in,
+                       const maxdev_tensor* b_in) {
+  scalar_view sa, sb;
+  const maxdev_tensor* a = ew_input(a_in, &sa);
+  const maxdev_tensor* b = b_in != NULL ? ew_input(b_in, &sb) : NULL;
+  if (!is_device_f32(out) || a == NULL || (b_in != NULL && b == NULL))
+    return MAXDEV_DECLINED;
+  if (unsafe_overlap(out, a) || (b != NULL && unsafe_overlap(out, b)))
+    return MAXDEV_DECLINED;
+
+  int32_t ndim = a->ndim;
+  int64_t shape[REF_MAX_DIMS];
+  if (b != NULL) {
+    if (!broadcast_shape(a, b, &ndim, shape))
+      return c->host->set_error(c->ctx, "reference: operands do not broadcast");
+  } else {
+    for (int32_t d = 0; d < ndim; ++d) shape[d] = a->shape[d];
+  }
+  if (ndim != out->ndim) return c->host->set_error(c->ctx, "reference: output shape mismatch");
+  for (int32_t d = 0; d < ndim; ++d)
+    if (shape[d] != out->shape[d])
+      return c->host->set_error(c->ctx, "reference: output shape mismatch");
+
+  const maxdev_tensor* ops[3] = {out, a, b};
+  nd_iter it;
+  if (!iter_setup_tensors(&it, out->ndim, out->shape, b != NULL ? 3 : 2, ops))
+    return MAXDEV_DECLINED;
+  ew_ctx ctx;
+  ctx.op = op;
+  ctx.alpha = (float)alpha;
+  iter_run(&it, NULL, ew_row, &ctx);
+  return MAXDEV_OK;
+}
+
+/* --- binary ops: (self, other, [*, alpha], out) --------------------------- */
+
+static status binary_out(const maxdev_call* c, ew_op op, int has_alpha,
+                         double sign) {
+  double alpha = 1.0;
+  if (c->num_args != (has_alpha ? 4 : 3)) return MAXDEV_DECLINED;
+  if (has_alpha && !arg_real(c, 2, &alpha)) return MAXDEV_DECLINED;
+  return ew_apply(c, op, sign * alpha, output(c, 0), arg_tensor(c, 0),
+                  arg_tensor(c, 1));
+}
+
+static status add_out(const maxdev_call* c) { return binary_out(c, EW_ADD, 1, 1.0); }
+static status sub_out(const maxdev_call* c) { return binary_out(c, EW_ADD, 1, -1.0); }
+static status mul_out(const maxdev_call* c) { return binary_out(c, EW_MUL, 0, 1.0); }
+static status div_out(const maxdev_call* c) { return binary_out(c, EW_DIV, 0, 1.0); }
+
+/* --- unary ops: (self, *, out) --------------------------------------------- */
+
+static status unary_out(const maxdev_call* c, ew_op op) {
+  if (c->num_args != 2) return MAXDEV_DECLINED;
+  return ew_apply(c, op, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
+}
+
+static status neg_out(const maxdev_call* c) { return unary_out(c, EW_NEG); }
+static status exp_out(const maxdev_call* c) { return unary_out(c, EW_EXP); }
+static status tanh_out(const maxdev_call* c) { return unary_out(c, EW_TANH); }
+static status sigmoid_out(const maxdev_call* c) { return unary_out(c, EW_SIGMOID); }
+static status relu_out(const maxdev_call* c) { return unary_out(c, EW_RELU); }
+
+/* aten::relu(Tensor self) -> Tensor: not structured, allocates its output. */
+static status relu_functional(const maxdev_call* c) {
+  const maxdev_tensor* self = arg_tensor(c, 0);
+  const maxdev_tensor* out = NULL;
+  if (c->num_args != 1 || !is_device_f32(self)) return MAXDEV_DECLINED;
+  if (c->host->alloc_output(c->ctx, 0, self->dtype, self->ndim, self->shape,
+                            &out) != MAXDEV_OK)
+    return MAXDEV_ERROR;
+  return ew_apply(c, EW_RELU, 1.0, out, self, NULL);
+}
+
+/* aten::relu_(Tensor(a!) self) -> Tensor(a!): in place; outputs[0] is self. */
+static status relu_inplace(const maxdev_call* c) {
+  const maxdev_tensor* self = arg_tensor(c, 0);
+  const maxdev_tensor* out = output(c, 0);
+  if (c->num_args != 1) return MAXDEV_DECLINED;
+  return ew_apply(c, EW_RELU, 1.0, out != NULL ? out : self, self, NULL);
+}
+
+/* aten::gelu.out(Tensor self, *, str approximate='none', Tensor(a!) out) */
+static status gelu_out(const maxdev_call* c) {
+  const maxdev_value* approx = arg(c, 1, MAXDEV_VALUE_STRING);
+  if (c->num_args != 3 || approx == NULL || approx->u.string == NULL)
+    return MAXDEV_DECLINED;
+  if (strcmp(approx->u.string, "none") == 0)
+    return ew_apply(c, EW_GELU, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
+  if (strcmp(approx->u.string, "tanh") == 0)
+    return ew_apply(c, EW_GELU_TANH, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
+  return MAXDEV_DECLINED;
+}
+
+/* ===========================================================================
+ * Reductions: sum.IntList_out and mean.out
+ *   (Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None,
+ *    Tensor(a!) out)
+ * An outer iterator walks the kept dimensions (out, self); for each output
+ * element an inner iterator walks the reduced dimensions of self.
+ * Accumulation is in double.
+ * ========================================================================= */
+
+typedef struct reduce_ctx {
+  nd_iter inner;  /* one operand: self over the reduced dimensions */
+  double acc;
+  double scale;   /* 1 for sum, 1/count for mean */
+} reduce_ctx;
+
+static void reduce_inner_row(char* const* p, const int64_t* s, int64_t n,
+                             void* vctx) {
+  reduce_ctx* ctx = (reduce_ctx*)vctx;
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) acc += EW_AT(0, i, const float);
+  ctx->acc += acc;
+}
+
+static void reduce_outer_row(char* const* p, const int64_t* s, int64_t n,
+                             void* vctx) {
+  reduce_ctx* ctx = (reduce_ctx*)vctx;
+  for (int64_t i = 0; i < n; ++i) {
+    char* base = p[1] + i * s[1];
+    ctx->acc = 0.0;
+    iter_run(&ctx->inner, &base, reduce_inner_row, ctx);
+    EW_AT(0, i, float) = (float)(ctx->acc * ctx->scale);
+  }
+}
+
+static status reduce_out(const maxdev_call* c, int mean) {
+  const maxdev_tensor* self = arg_tensor(c, 0);
+  const maxdev_tensor* out = output(c, 0);
+  int keepdim = 0;
+  if (c->num_args != 5 || !is_device_f32(self) || !is_device_f32(out) ||
+      !arg_bool(c, 2, &keepdim) || !arg_dtype_none_or_f32(c, 3))
+    return MAXDEV_DECLINED;
+  if (ranges_overlap(out, self)) return MAXDEV_DECLINED;
+
+  /* Which dimensions are reduced: None or [] means all. */
+  int reduced[REF_MAX_DIMS] = {0};
+  const maxdev_value* dims = arg(c, 1, MAXDEV_VALUE_INT_LIST);
+  if (dims == NULL && c->args[1].kind != MAXDEV_VALUE_NONE) return MAXDEV_DECLINED;
+  if (dims == NULL || dims->u.int_list.size == 0) {
+    for (int32_t d = 0; d < self->ndim; ++d) reduced[d] = 1;
+  } else {
+    for (int64_t j = 0; j < dims->u.int_list.size; ++j) {
+      int32_t d;
+      if (!wrap_dim(dims->u.int_list.data[j], self->ndim, &d)) return MAXDEV_DECLINED;
+      if (self->ndim == 0) continue; /* a scalar: nothing to reduce */
+      if (reduced[d]) return MAXDEV_DECLINED; /* repeated dim */
+      reduced[d] = 1;
+    }
+  }
+
+  /* Expected output shape, the kept and reduced shapes, and strides. */
+  int64_t kept_shape[REF_MAX_DIMS], red_shape[REF_MAX_DIMS];
+  int64_t outer_strides[2][REF_MAX_DIMS], inner_strides[1][REF_MAX_DIMS];
+  int32_t nkept = 0, nred = 0, od = 0;
+  int64_t count = 1;
+  const int64_t es = elem_size(self);
+  for (int32_t d = 0; d < self->ndim; ++d) {
+    if (reduced[d]) {
+      if (keepdim) {
+        if (od >= out->ndim || out->shape[od] != 1) goto shape_error;
+        ++od;
+      }
+      red_shape[nred] = self->shape[d];
+      inner_strides[0][nred] = self->strides[d] * es;
+      ++nred;
+      count *= self->shape[d];
+    } else {
+      if (od >= out->ndim || out->shape[od] != self->shape[d]) goto shape_error;
+      kept_shape[nkept] = self->shape[d];
+      outer_strides[0][nkept] = out->strides[od] * elem_size(out);
+      outer_strides[1][nkept] = self->strides[d] * es;
+      ++nkept;
+      ++od;
+    }
+  }
+  if (od != out->ndim) goto shape_error;
+
+  reduce_ctx ctx;
+  char* inner_base[1] = {(char*)maxdev_tensor_data(self)};
+  char* outer_base[2] = {(char*)maxdev_tensor_data(out), inner_base[0]};
+  iter_setup(&ctx.inner, nred, red_shape, 1, inner_base,
+             (const int64_t(*)[REF_MAX_DIMS])inner_strides);
+  /* Reducing over nothing: the inner walk adds no element, so sum is 0 and
+   * mean is 0 * NaN = NaN, as in PyTorch. */
+  ctx.scale = !mean ? 1.0 : count == 0 ? NAN : 1.0 / (double)count;
+  nd_iter outer;
+  iter_setup(&outer, nkept, kept_shape, 2, outer_base,
+             (const int64_t(*)[REF_MAX_DIMS])outer_strides);
+  iter_run(&outer, NULL, reduce_outer_row, &ctx);
+  return MAXDEV_OK;
+
+shape_error:
+  return c->host->set_error(c->ctx, "reference: reduction output shape mismatch");
+}
+
+static status sum_out(const maxdev_call* c) { return reduce_out(c, 0); }
+static status mean_out(const maxdev_call* c) { return reduce_out(c, 1); }
+
+/* ===========================================================================
+ * Matrix products. out[i, j] = alpha * sum_p a[i, p] b[p, j]
+ *                              + beta * bias[i, j]   (beta != 0 only)
+ * Strides in bytes; accumulation in double, one output row at a time.
+ * ========================================================================= */
+
+typedef struct mat {
+  char* p;
+  int64_t s0, s1; /* byte strides */
+} mat;
+
+static mat mat_of(const maxdev_tensor* t, int32_t first_dim) {
+  mat m;
+  m.p = (char*)maxdev_tensor_data(t);
+  m.s0 = t->strides[first_dim] * elem_size(t);
+  m.s1 = t->strides[first_dim + 1] * elem_size(t);
+  return m;
+}
+
+#define MAT_AT(m, i, j) (*(float*)((m).p + (i) * (m).s0 + (j) * (m).s1))
+
+static void matmul(mat out, mat a, mat b, const mat* bias, double beta,
+                   double alpha, int64_t n, int64_t k, int64_t m, double* acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) acc[j] = 0.0;
+    for (int64_t q = 0; q < k; ++q) {
+      const double aiq = MAT_AT(a, i, q);
+      for (int64_t j = 0; j < m; ++j) acc[j] += aiq * MAT_AT(b, q, j);
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      double v = alpha * acc[j];
+      if (bias != NULL && beta != 0.0) v += beta * MAT_AT(*bias, i, j);
+      MAT_AT(out, i, j) = (float)v;
+    }
+  }
+}
+
+static double* alloc_acc(int64_t m) {
+  return (double*)malloc((size_t)(m > 0 ? m : 1) * sizeof(double));
+}
+
+/* mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out)
+ * bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) */
+static status mm_like(const maxdev_call* c, int batched) {
+  const maxdev_tensor* a = arg_tensor(c, 0);
+  const maxdev_tensor* b = arg_tensor(c, 1);
+  const maxdev_tensor* out = output(c, 0);
+  const int32_t nd = batched ? 3 : 2, o = batched ? 1 : 0;
+  if (c->num_args != 3 || !is_device_f32(a) || !is_device_f32(b) ||
+      !is_device_f32(out) || a->ndim != nd || b->ndim != nd)
+    return MAXDEV_DECLINED;
+  if (ranges_overlap(out, a) || ranges_overlap(out, b)) return MAXDEV_DECLINED;
+  const int64_t batch = batched ? a->shape[0] : 1;
+  const int64_t n = a->shape[o], k = a->shape[o + 1], m = b->shape[o + 1];
+  if (b->shape[o] != k || out->ndim != nd || out->shape[o] != n ||
+      out->shape[o + 1] != m || (batched && (b->shape[0] != batch || out->shape[0] != batch)))
+    return c->host->set_error(c->ctx, "reference: matrix shapes do not match");
+  double* acc = alloc_acc(m);
+  if (acc == NULL) return c->host->set_error(c->ctx, "reference: out of memory");
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    mat ma = mat_of(a, o), mb = mat_of(b, o), mo = mat_of(out, o);
+    if (batched) {
+      ma.p += bi * a->strides[0] * elem_size(a);
+      mb.p += bi * b->strides[0] * elem_size(b);
+      mo.p += bi * out->strides[0] * elem_size(out);
+    }
+    matmul(mo, ma, mb, NULL, 0.0, 1.0, n, k, m, acc);
+  }
+  free(acc);
+  return MAXDEV_OK;
+}
+
+static status mm_out(const maxdev_call* c) { return mm_like(c, 0); }
+static status bmm_out(const maxdev_call* c) { return mm_like(c, 1); }
+
+/* addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1,
+ *           Scalar alpha=1, Tensor(a!) out); self broadcasts to out. */
+static status addmm_out(const maxdev_call* c) {
+  const maxdev_tensor* self = arg_tensor(c, 0);
+  const maxdev_tensor* a = arg_tensor(c, 1);
+  const maxdev_tensor* b = arg_tensor(c, 2);
+  const maxdev_tensor* out = output(c, 0);
+  double beta, alpha;
+  if (c->num_args != 6 || !is_device_f32(self) || !is_device_f32(a) ||
+      !is_device_f32(b) || !is_device_f32(out) || a->ndim != 2 ||
+      b->ndim != 2 || !arg_real(c, 3, &beta) || !arg_real(c, 4, &alpha))
+    return MAXDEV_DECLINED;
+  if (ranges_overlap(out, a) || ranges_overlap(out, b) ||
+      unsafe_overlap(out, self))
+    return MAXDEV_DECLINED;
+  const int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
+  if (b->shape[0] != k || out->ndim != 2 || out->shape[0] != n ||
+      out->shape[1] != m)
+    return c->host->set_error(c->ctx, "reference: matrix shapes do not match");
+  int64_t bias_strides[2];
+  if (!broadcast_strides(self, 2, out->shape, bias_strides))
+    return c->host->set_error(c->ctx, "reference: addmm input does not broadcast");
+  mat bias;
+  bias.p = (char*)maxdev_tensor_data(self);
+  bias.s0 = bias_strides[0];
+  bias.s1 = bias_strides[1];
+  double* acc = alloc_acc(m);
+  if (acc == NULL) return c->host->set_error(c->ctx, "reference: out of memory");
+  matmul(mat_of(out, 0), mat_of(a, 0), mat_of(b, 0), &bias, beta, alpha, n, k,
+         m, acc);
+  free(acc);
+  return MAXDEV_OK;
+}
+
+/* ===========================================================================
+ * Softmax family: along one dimension. An iterator walks every other
+ * dimension; for each position a row function gets a 1-d strided vector per
+ * operand (output first).
+ * ========================================================================= */
+
+typedef enum sm_op { SM_SOFTMAX, SM_LOG_SOFTMAX, SM_SOFTMAX_BWD, SM_LOG_SOFTMAX_BWD } sm_op;
+
+typedef struct sm_ctx {
+  sm_op op;
+  int64_t len;               /* size of the softmax dimension */
+  int64_t vstep[REF_MAX_OPS]; /* byte strides along it */
+} sm_ctx;
+
+#define SM_V(k, j) (*(float*)(q[k] + (j) * ctx->vstep[k]))
+
+static void sm_vector(const sm_ctx* ctx, char* const* q) {
+  const int64_t len = ctx->len;
+  switch (ctx->op) {
+    case SM_SOFTMAX:
+    case SM_LOG_SOFTMAX: { /* q: out, self */
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < len; ++j)
+        if (SM_V(1, j) > mx || SM_V(1, j) != SM_V(1, j)) mx = SM_V(1, j);
+      double sum = 0.0;
+      for (int64_t j = 0; j < len; ++j) sum += exp((double)SM_V(1, j) - mx);
+      if (ctx->op == SM_SOFTMAX) {
+        for (int64_t j = 0; j < len; ++j)
+          SM_V(0, j) = (float)(exp((double)SM_V(1, j) - mx) / sum);
+      } else {
+        const double lse = log(sum);
+        for (int64_t j = 0; j < len; ++j)
+          SM_V(0, j) = (float)((double)SM_V(1, j) - mx - lse);
+      }
+      break;
+    }
+    case SM_SOFTMAX_BWD: { /* q: grad_input, grad_output, output */
+      double dot = 0.0;
+      for (int64_t j = 0; j < len; ++j) dot += (double)SM_V(1, j) * SM_V(2, j);
+      for (int64_t j = 0; j < len; ++j)
+        SM_V(0, j) = (float)((double)SM_V(2, j) * ((double)SM_V(1, j) - dot));
+      break;
+    }
+    case SM_LOG_SOFTMAX_BWD: { /* q: grad_input, grad_output, output */
+      double sum = 0.0;
+      for (int64_t j = 0; j < len; ++j) sum += SM_V(1, j);
+      for (int64_t j = 0; j < len; ++j)
+        SM_V(0, j) = (float)((double)SM_V(1, j) - exp((double)SM_V(2, j)) * sum);
+      break;
+    }
+  }
+}
+
+static void sm_row(char* const* p, const int64_t* s, int64_t n, void* vctx) {
+  const sm_ctx* ctx = (const sm_ctx*)vctx;
+  char* q[REF_MAX_OPS];
+  const int32_t nops = ctx->op == SM_SOFTMAX || ctx->op == SM_LOG_SOFTMAX ? 2 : 3;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int32_t k = 0; k < nops; ++k) q[k] = p[k] + i * s[k];
+    sm_vector(ctx, q);
+  }
+}
+
+/* ts[0] is the output; all have one shape; dim is the softmax dimension. */
+static status sm_apply(const maxdev_call* c, sm_op op, int64_t dim,
+                       int32_t nops, const maxdev_tensor* const* ts) {
+  for (int32_t k = 0; k < nops; ++k)
+    if (!is_device_f32(ts[k])) return MAXDEV_DECLINED;
+  for (int32_t k = 1; k < nops; ++k) {
+    if (!same_shape(ts[0], ts[k]))
+      return c->host->set_error(c->ctx, "reference: softmax shapes do not match");
+    if (unsafe_overlap(ts[0], ts[k])) return MAXDEV_DECLINED;
+  }
+  const maxdev_tensor* t0 = ts[0];
+  int32_t d;
+  if (!wrap_dim(dim, t0->ndim, &d)) return MAXDEV_DECLINED;
+
+  sm_ctx ctx;
+  ctx.op = op;
+  ctx.len = t0->ndim == 0 ? 1 : t0->shape[d];
+  int64_t shape[REF_MAX_DIMS], strides[REF_MAX_OPS][REF_MAX_DIMS];
+  char* base[REF_MAX_OPS];
+  for (int32_t k = 0; k < nops; ++k) {
+    base[k] = (char*)maxdev_tensor_data(ts[k]);
+    ctx.vstep[k] = t0->ndim == 0 ? 0 : ts[k]->strides[d] * elem_size(ts[k]);
+  }
+  /* The other dimensions: the softmax one gets size 1. */
+  for (int32_t e = 0; e < t0->ndim; ++e) {
+    shape[e] = e == d ? 1 : t0->shape[e];
+    for (int32_t k = 0; k < nops; ++k)
+      strides[k][e] = ts[k]->strides[e] * elem_size(ts[k]);
+  }
+  if (ctx.len == 0) return MAXDEV_OK;
+  nd_iter it;
+  iter_setup(&it, t0->ndim, shape, nops, base, (const int64_t(*)[REF_MAX_DIMS])strides);
+  iter_run(&it, NULL, sm_row, &ctx);
+  return MAXDEV_OK;
+}
+
+/* _softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) */
+static status softmax_like(const maxdev_call* c, sm_op op) {
+  int64_t dim;
+  int half_to_float;
+  if (c->num_args != 4 || !arg_int(c, 1, &dim) || !arg_bool(c, 2, &half_to_float) ||
+      half_to_float)
+    return MAXDEV_DECLINED;
+  const maxdev_tensor* ts[2] = {output(c, 0), arg_tensor(c, 0)};
+  return sm_apply(c, op, dim, 2, ts);
+}
+
+/* _softmax_backward_data.out(Tensor grad_output, Tensor output, int dim,
+ *   ScalarType input_dtype, *, Tensor(a!) grad_input) */
+static status softmax_bwd_like(const maxdev_call* c, sm_op op) {
+  int64_t dim;
+  const maxdev_value* input_dtype = arg(c, 3, MAXDEV_VALUE_DTYPE);
+  if (c->num_args != 5 || !arg_int(c, 2, &dim) || input_dtype == NULL ||
+      !maxdev_dtype_is(input_dtype->u.dtype, MAXDEV_TYPE_FLOAT, 32))
+    return MAXDEV_DECLINED;
+  const maxdev_tensor* ts[3] = {output(c, 0), arg_tensor(c, 0), arg_tensor(c, 1)};
+  return sm_apply(c, op, dim, 3, ts);
+}
+
+static status softmax_out(const maxdev_call* c) { return softmax_like(c, SM_SOFTMAX); }
+static status log_softmax_out(const maxdev_call* c) { return softmax_like(c, SM_LOG_SOFTMAX); }
+static status softmax_bwd_out(const maxdev_call* c) { return softmax_bwd_like(c, SM_SOFTMAX_BWD); }
+static status log_softmax_bwd_out(const maxdev_call* c) {
+  return softmax_bwd_like(c, SM_LOG_SOFTMAX_BWD);
+}
+
+/* ===========================================================================
+ * reference::version(Tensor x) -> Tensor: float32 shaped like x, filled with
+ * REFERENCE_VERSION (1.0 or 2.0). The one observable v1/v2 difference.
+ * ========================================================================= */
+
+static status version_op(const maxdev_call* c) {
+  const maxdev_tensor* x = arg_tensor(c, 0);
+  const maxdev_tensor* out = NULL;
+  maxdev_dtype f32;
+  f32.code = MAXDEV_TYPE_FLOAT;
+  f32.bits = 32;
+  f32.lanes = 1;
+  if (c->num_args != 1 || x == NULL) return MAXDEV_DECLINED;
+  if (c->host->alloc_output(c->ctx, 0, f32, x->ndim, x->shape, &out) != MAXDEV_OK)
+    return MAXDEV_ERROR;
+  float* p = (float*)maxdev_tensor_data(out);
+  const int64_t n = maxdev_tensor_numel(out);
+  for (int64_t i = 0; i < n; ++i) p[i] = (float)REFERENCE_VERSION;
+  return MAXDEV_OK;
+}
+
+/* ===========================================================================
+ * The plugin. Binary ops accept dtypes 0 ("any") because a CPU scalar operand
+ * may be int64/float64/bool; they check dtypes themselves.
+ * ========================================================================= */
+
+#define F32 MAXDEV_DTYPE_FLOAT32
+#define NOCPU MAXDEV_KERNEL_NO_CPU_TENSORS
+
+#define REFERENCE_KERNELS(K)                                                  \
+  K("aten::add.out", "", add_out, 0, 0)                                       \
+  K("aten::sub.out", "", sub_out, 0, 0)                                       \
+  K("aten::mul.out", "", mul_out, 0, 0)                                       \
+  K("aten::div.out", "", div_out, 0, 0)                                       \
+  K("aten::neg.out", "", neg_out, F32, NOCPU)                                 \
+  K("aten::relu", "", relu_functional, F32, NOCPU)                            \
+  K("aten::relu_", "", relu_inplace, F32, NOCPU)                              \
+  K("aten::relu.out", "", relu_out, F32, NOCPU)                               \
+  K("aten::gelu.out", "", gelu_out, F32, NOCPU)                               \
+  K("aten::exp.out", "", exp_out, F32, NOCPU)                                 \
+  K("aten::tanh.out", "", tanh_out, F32, NOCPU)                               \
+  K("aten::sigmoid.out", "", sigmoid_out, F32, NOCPU)                         \
+  K("aten::sum.IntList_out", "", sum_out, F32, NOCPU)                         \
+  K("aten::mean.out", "", mean_out, F32, NOCPU)                               \
+  K("aten::mm.out", "", mm_out, F32, NOCPU)                                   \
+  K("aten::addmm.out", "", addmm_out, F32, NOCPU)                             \
+  K("aten::bmm.out", "", bmm_out, F32, NOCPU)                                 \
+  K("aten::_softmax.out", "", softmax_out, F32, NOCPU)                        \
+  K("aten::_log_softmax.out", "", log_softmax_out, F32, NOCPU)                \
+  K("aten::_softmax_backward_data.out", "", softmax_bwd_out, F32, NOCPU)      \
+  K("aten::_log_softmax_backward_data.out", "", log_softmax_bwd_out, F32,     \
+    NOCPU)                                                                    \
+  K("reference::version", "reference::version(Tensor x) -> Tensor",           \
+    version_op, 0, 0)
+
+MAXDEV_DEFINE_PLUGIN("reference", REFERENCE_VERSION_STRING, REFERENCE_KERNELS,
+                     NULL, NULL)
