@@ -1,5 +1,6 @@
 // max_device._C: the Python face of the loader. Thin bindings only; the
 // Python package (python/max_device) shapes them into the public API.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -7,6 +8,10 @@
 #include "device/allocator.h"
 #include "device/generator.h"
 #include "dispatch/cpu_fallback.h"
+#include "dispatch/kernel_provider.h"
+#include "plugins/errors.h"
+#include "plugins/registry.h"
+#include "plugins/snapshot.h"
 
 namespace py = pybind11;
 
@@ -82,6 +87,118 @@ void bind_log(py::module_& m) {
   });
 }
 
+py::dict plugin_info(const plugins::PluginInfo& info) {
+  py::dict d;
+  d["name"] = info.name;
+  d["version"] = info.version;
+  d["path"] = info.path;
+  d["snapshot"] = info.snapshot;
+  d["sha256"] = info.sha256;
+  d["abi"] = std::to_string(info.abi_major) + "." + std::to_string(info.abi_minor);
+  d["ops"] = info.ops;
+  d["defines"] = info.defines;
+  d["loaded_at_ns"] = info.loaded_at_ns;
+  d["load_duration_ns"] = info.load_duration_ns;
+  return d;
+}
+
+py::dict manifest_dict(const plugins::Manifest& m) {
+  py::dict d;
+  d["name"] = m.name;
+  d["version"] = m.version;
+  d["abi"] = std::to_string(m.abi_major) + "." + std::to_string(m.abi_minor);
+  py::list kernels;
+  for (const auto& k : m.kernels) {
+    py::dict kd;
+    kd["op"] = k.op;
+    kd["schema"] = k.schema;
+    kd["dtypes"] = k.dtypes;
+    kd["flags"] = k.flags;
+    kernels.append(kd);
+  }
+  d["kernels"] = kernels;
+  d["exported_symbols"] = m.exported_symbols;
+  return d;
+}
+
+// Raises max_device.KernelError through PyTorch's op bindings, which
+// restore a pending Python error carried by torch's python_error.
+void raise_kernel_error(const std::string& plugin, const std::string& op, const std::string& file,
+                        const std::string& message) {
+  py::gil_scoped_acquire gil;
+  py::object cls = py::module_::import("max_device.errors").attr("KernelError");
+  py::object error = cls(py::str("plugin '" + plugin + "', op " + op + " (" + file + "): " + message));
+  error.attr("file") = file;
+  error.attr("plugin") = plugin;
+  error.attr("op") = op;
+  PyErr_SetObject(cls.ptr(), error.ptr());
+  throw python_error();
+}
+
+void bind_plugins(py::module_& m) {
+  dispatch::set_kernel_error_hook(&raise_kernel_error);
+  m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name) {
+    plugins::PluginInfo info;
+    {
+      py::gil_scoped_release nogil;
+      info = plugins::PluginRegistry::instance().load(path, name);
+    }
+    return plugin_info(info);
+  }, py::arg("path"), py::arg("name") = py::none());
+  m.def("_unload_plugin", [](const std::string& name) {
+    plugins::UnloadReport report;
+    {
+      py::gil_scoped_release nogil;
+      report = plugins::PluginRegistry::instance().unload(name);
+    }
+    py::dict d;
+    d["name"] = report.name;
+    d["unmapped"] = report.unmapped;
+    return d;
+  });
+  m.def("_list_plugins", [] {
+    py::list out;
+    for (const auto& info : plugins::PluginRegistry::instance().plugins()) out.append(plugin_info(info));
+    return out;
+  });
+  m.def("_list_ops", [] {
+    py::list out;
+    for (const auto& op : plugins::PluginRegistry::instance().ops()) {
+      py::dict d;
+      d["op"] = op.op;
+      d["fallbacks"] = op.fallbacks;
+      py::list layers;
+      for (const auto& l : op.layers) {
+        py::dict ld;
+        ld["owner"] = l.owner;
+        ld["kind"] = l.kind;
+        ld["calls"] = l.calls;
+        ld["declines"] = l.declines;
+        layers.append(ld);
+      }
+      d["layers"] = layers;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("_inspect", [](const std::string& path) { return manifest_dict(plugins::PluginRegistry::inspect(path)); });
+  m.def("_snapshot_directory", [] { return plugins::snapshot_directory(); });
+  m.attr("ABI_VERSION") = std::to_string(MAXDEV_ABI_MAJOR) + "." + std::to_string(MAXDEV_ABI_MINOR);
+
+  // PluginError crosses as (kind, file, plugin, op, message); the package
+  // turns it into the matching max_device.PluginError subclass.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const plugins::PluginError& e) {
+      py::object errors = py::module_::import("max_device.errors");
+      py::object error = errors.attr("_from_loader")(plugins::error_kind_name(e.kind()), e.what(), e.file(),
+                                                     e.plugin(), e.op());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+    }
+  });
+}
+
 }  // namespace
 }  // namespace maxdev::python
 
@@ -90,4 +207,5 @@ PYBIND11_MODULE(_C, m) {
   maxdev::python::bind_device(m);
   maxdev::python::bind_fallback(m);
   maxdev::python::bind_log(m);
+  maxdev::python::bind_plugins(m);
 }

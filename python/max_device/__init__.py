@@ -3,26 +3,41 @@
 ``import max_device`` turns PyTorch's PrivateUse1 key into a device named
 ``max_device`` whose memory is host RAM. Ops without a max_device kernel run
 PyTorch's CPU kernel on the same bytes (no copy); plugins loaded at runtime
-serve ops with their own kernels.
+serve ops with their own kernels::
+
+    import torch, max_device
+    plugin = max_device.load_plugin("build/plugins/libreference.so")
+    x = torch.randn(1024, device="max_device")
+    y = torch.relu(x) + x          # plugin kernels
+    print(max_device.list_ops())   # who serves what
+    max_device.unload_plugin(plugin)
 """
 
 import torch
 
 from . import _C  # registers the device with PyTorch (allocator, guard, hooks, kernels)
 from ._device import register_device as _register_device
-from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from ._logging import log_level, set_log_level
+from .errors import (AbiMismatchError, BadImageError, KernelError, ManifestError, PluginError,
+                     PluginNotFoundError, PluginStateError, SchemaError, UnloadError)
+from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
+from .plugins import (Manifest, Plugin, get_plugin, inspect, list_ops, list_plugins, load_plugin,
+                      unload_plugin)
 
 DEVICE_NAME = "max_device"
+ABI_VERSION = _C.ABI_VERSION
 
 _register_device(DEVICE_NAME)
 
 __all__ = [
-    "DEVICE_NAME",
-    "fallback_counts",
-    "fallback_policy",
-    "log_level",
-    "reset_fallback_counts",
-    "set_fallback_policy",
-    "set_log_level",
+    "ABI_VERSION", "DEVICE_NAME",
+    # plugins
+    "Manifest", "Plugin", "get_plugin", "inspect", "list_ops", "list_plugins", "load_plugin",
+    "unload_plugin",
+    # errors
+    "AbiMismatchError", "BadImageError", "KernelError", "ManifestError", "PluginError",
+    "PluginNotFoundError", "PluginStateError", "SchemaError", "UnloadError",
+    # fallback and logs
+    "fallback_counts", "fallback_policy", "reset_fallback_counts", "set_fallback_policy",
+    "log_level", "set_log_level",
 ]

@@ -1,0 +1,77 @@
+#include "dispatch/epoch.h"
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+namespace maxdev::dispatch {
+namespace epoch_detail {
+namespace {
+
+bool membarrier(int cmd) { return ::syscall(__NR_membarrier, cmd, 0, 0) == 0; }
+
+bool setup_membarrier() {
+  const long supported = ::syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  return supported > 0 && (supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
+         membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+}
+
+std::mutex records_mutex;
+std::deque<ReaderRecord> records;  // never shrinks: records are reused
+
+// Gives the record back when its thread exits.
+struct RecordReleaser {
+  ~RecordReleaser() {
+    if (tls_record != nullptr) tls_record->in_use.store(false, std::memory_order_release);
+  }
+};
+thread_local RecordReleaser releaser;
+
+}  // namespace
+
+std::atomic<uint64_t> global_epoch{1};
+bool readers_need_fence = !setup_membarrier();
+
+ReaderRecord& register_reader() {
+  (void)releaser;  // instantiate the thread's releaser
+  std::lock_guard lock(records_mutex);
+  for (auto& r : records) {
+    bool expected = false;
+    if (r.in_use.compare_exchange_strong(expected, true)) return *(tls_record = &r);
+  }
+  records.emplace_back().in_use = true;
+  return *(tls_record = &records.back());
+}
+
+}  // namespace epoch_detail
+
+void synchronize() {
+  using namespace epoch_detail;
+  if (inside_read_section()) {
+    throw std::logic_error(
+        "max_device: cannot change loaded plugins from inside a kernel call on this thread");
+  }
+  const uint64_t target = global_epoch.fetch_add(1, std::memory_order_seq_cst) + 1;
+  if (!readers_need_fence) ::syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::lock_guard lock(records_mutex);
+  for (auto& r : records) {
+    for (int spins = 0;; ++spins) {
+      const uint64_t seen = r.epoch.load(std::memory_order_acquire);
+      if (seen == 0 || seen >= target) break;
+      if (spins < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+}
+
+}  // namespace maxdev::dispatch

@@ -1,0 +1,128 @@
+#include "dispatch/host_api.h"
+
+#include <ATen/EmptyTensor.h>
+
+#include "common/log.h"
+#include "device/allocator.h"
+
+namespace maxdev::dispatch {
+namespace {
+
+struct DtypeEntry {
+  c10::ScalarType type;
+  maxdev_dtype abi;
+  uint64_t mask;
+};
+
+constexpr DtypeEntry kDtypes[] = {
+    {c10::ScalarType::Bool, {MAXDEV_TYPE_BOOL, 8, 1}, MAXDEV_DTYPE_BOOL},
+    {c10::ScalarType::Byte, {MAXDEV_TYPE_UINT, 8, 1}, MAXDEV_DTYPE_UINT8},
+    {c10::ScalarType::Char, {MAXDEV_TYPE_INT, 8, 1}, MAXDEV_DTYPE_INT8},
+    {c10::ScalarType::Short, {MAXDEV_TYPE_INT, 16, 1}, MAXDEV_DTYPE_INT16},
+    {c10::ScalarType::Int, {MAXDEV_TYPE_INT, 32, 1}, MAXDEV_DTYPE_INT32},
+    {c10::ScalarType::Long, {MAXDEV_TYPE_INT, 64, 1}, MAXDEV_DTYPE_INT64},
+    {c10::ScalarType::Half, {MAXDEV_TYPE_FLOAT, 16, 1}, MAXDEV_DTYPE_FLOAT16},
+    {c10::ScalarType::BFloat16, {MAXDEV_TYPE_BFLOAT, 16, 1}, MAXDEV_DTYPE_BFLOAT16},
+    {c10::ScalarType::Float, {MAXDEV_TYPE_FLOAT, 32, 1}, MAXDEV_DTYPE_FLOAT32},
+    {c10::ScalarType::Double, {MAXDEV_TYPE_FLOAT, 64, 1}, MAXDEV_DTYPE_FLOAT64},
+    {c10::ScalarType::ComplexFloat, {MAXDEV_TYPE_COMPLEX, 64, 1}, MAXDEV_DTYPE_COMPLEX64},
+    {c10::ScalarType::ComplexDouble, {MAXDEV_TYPE_COMPLEX, 128, 1}, MAXDEV_DTYPE_COMPLEX128},
+};
+
+const DtypeEntry* find(c10::ScalarType type) {
+  for (const auto& e : kDtypes) {
+    if (e.type == type) return &e;
+  }
+  return nullptr;
+}
+
+maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype dtype, int32_t ndim,
+                           const int64_t* shape, const maxdev_tensor** out) {
+  if (ctx == nullptr || out == nullptr) return MAXDEV_ERROR;
+  auto fail = [&](const std::string& why) {
+    ctx->error = "alloc_output: " + why;
+    return MAXDEV_ERROR;
+  };
+  if (ctx->sig == nullptr) return fail("called outside a kernel call");
+  if (index < 0 || index >= static_cast<int32_t>(ctx->outputs.size())) {
+    return fail("output index " + std::to_string(index) + " out of range (the op returns " +
+                std::to_string(ctx->outputs.size()) + ")");
+  }
+  if (ctx->output_aliased[index]) {
+    return fail("output " + std::to_string(index) + " is an argument the kernel writes into; use call->outputs[" +
+                std::to_string(index) + "]");
+  }
+  if (ctx->outputs[index].defined()) return fail("output " + std::to_string(index) + " allocated twice");
+  const auto type = from_abi_dtype(dtype);
+  if (!type) return fail("unsupported dtype code " + std::to_string(dtype.code) + " bits " + std::to_string(dtype.bits));
+  if (ndim < 0 || (ndim > 0 && shape == nullptr)) return fail("invalid shape");
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (shape[d] < 0) return fail("negative size in dimension " + std::to_string(d));
+  }
+  try {
+    ctx->outputs[index] = at::detail::empty_generic(
+        c10::IntArrayRef(shape, static_cast<size_t>(ndim)), &device::allocator(),
+        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), *type, std::nullopt);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  ctx->output_views[index] = tensor_view(ctx->outputs[index], true);
+  ctx->output_ptrs[index] = &ctx->output_views[index];
+  *out = &ctx->output_views[index];
+  return MAXDEV_OK;
+}
+
+maxdev_status set_error(maxdev_host_context* ctx, const char* message) {
+  if (ctx != nullptr) ctx->error = message != nullptr ? message : "(no message)";
+  return MAXDEV_ERROR;
+}
+
+void log_message(maxdev_host_context* ctx, int32_t level, const char* message) {
+  if (message == nullptr) return;
+  const std::string who = ctx != nullptr && ctx->plugin != nullptr ? *ctx->plugin : "plugin";
+  const int clamped = std::clamp(level, MAXDEV_LOG_TRACE, MAXDEV_LOG_ERROR);
+  log::write(static_cast<log::Level>(clamped), who + ": " + message);
+}
+
+const maxdev_host_api kHostApi = {
+    sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR, &alloc_output, &set_error, &log_message,
+};
+
+}  // namespace
+
+const maxdev_host_api* host_api() { return &kHostApi; }
+
+maxdev_tensor tensor_view(const at::Tensor& t, bool writable) {
+  maxdev_tensor view{};
+  const auto itemsize = static_cast<int64_t>(t.dtype().itemsize());
+  char* first = static_cast<char*>(writable ? t.mutable_data_ptr() : const_cast<void*>(t.const_data_ptr()));
+  view.byte_offset = static_cast<uint64_t>(t.storage_offset() * itemsize);
+  view.data = first == nullptr ? nullptr : first - view.byte_offset;
+  view.device = {t.device().is_cpu() ? MAXDEV_DEVICE_CPU : MAXDEV_DEVICE_MAX, 0};
+  view.ndim = static_cast<int32_t>(t.dim());
+  to_abi_dtype(t.scalar_type(), &view.dtype);
+  view.shape = const_cast<int64_t*>(t.sizes().data());
+  view.strides = const_cast<int64_t*>(t.strides().data());
+  return view;
+}
+
+bool to_abi_dtype(c10::ScalarType type, maxdev_dtype* out) {
+  const auto* e = find(type);
+  if (e == nullptr) return false;
+  *out = e->abi;
+  return true;
+}
+
+uint64_t dtype_mask_bit(c10::ScalarType type) {
+  const auto* e = find(type);
+  return e == nullptr ? 0 : e->mask;
+}
+
+std::optional<c10::ScalarType> from_abi_dtype(maxdev_dtype dtype) {
+  for (const auto& e : kDtypes) {
+    if (e.abi.code == dtype.code && e.abi.bits == dtype.bits && dtype.lanes == 1) return e.type;
+  }
+  return std::nullopt;
+}
+
+}  // namespace maxdev::dispatch

@@ -1,0 +1,37 @@
+// The host side of the plugin ABI: the function table handed to plugins
+// and the per-call context behind `maxdev_host_context`.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+#include <max_device/plugin.h>
+
+#include <string>
+
+#include "dispatch/op_signature.h"
+
+// Defined here, opaque to plugins.
+struct maxdev_host_context {
+  const std::string* plugin;             // the plugin's name, for logs and errors
+  const maxdev::dispatch::OpSignature* sig = nullptr;  // null outside kernel calls
+  std::string error;                     // set_error's message
+  // One slot per return of the op.
+  c10::SmallVector<at::Tensor, 2> outputs;
+  c10::SmallVector<maxdev_tensor, 2> output_views;
+  c10::SmallVector<const maxdev_tensor*, 2> output_ptrs;
+  c10::SmallVector<bool, 2> output_aliased;
+};
+
+namespace maxdev::dispatch {
+
+const maxdev_host_api* host_api();
+
+// DLPack-layout view of `t`, borrowed: valid while `t` lives unchanged.
+maxdev_tensor tensor_view(const at::Tensor& t, bool writable);
+
+// ABI dtype of a scalar type, and its capability-mask bit (0: none).
+bool to_abi_dtype(c10::ScalarType type, maxdev_dtype* out);
+uint64_t dtype_mask_bit(c10::ScalarType type);
+std::optional<c10::ScalarType> from_abi_dtype(maxdev_dtype dtype);
+
+}  // namespace maxdev::dispatch

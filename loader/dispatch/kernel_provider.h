@@ -1,0 +1,47 @@
+// A plugin kernel as a provider: converts the boxed arguments to the ABI's
+// values, checks the kernel's declared capabilities, calls it, and turns
+// its outputs and status into returns, a decline, or a KernelError.
+#pragma once
+
+#include <max_device/plugin.h>
+
+#include <memory>
+#include <string>
+
+#include "dispatch/op_table.h"
+
+namespace maxdev::dispatch {
+
+// What a kernel of a plugin needs from its plugin while it serves calls.
+struct KernelOwner {
+  std::string plugin;          // name
+  std::string owner;           // "name@version"
+  std::string file;            // the user's path, for errors
+  void* state = nullptr;       // from the plugin's init
+  std::shared_ptr<const void> keep_alive;  // holds the library mapped
+};
+
+class KernelProvider final : public Provider {
+ public:
+  KernelProvider(std::shared_ptr<const KernelOwner> owner, const maxdev_kernel_def& kernel);
+  bool run(const OpSlot& slot, torch::jit::Stack* stack) override;
+
+ private:
+  bool accepts(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) const;
+
+  std::shared_ptr<const KernelOwner> owner_;
+  maxdev_kernel_fn fn_;
+  uint64_t dtypes_;
+  uint64_t flags_;
+};
+
+// Raises the error of a failed kernel call. Without a hook it throws a
+// c10::Error; the Python module installs a hook that raises
+// max_device.KernelError through PyTorch's op bindings.
+[[noreturn]] void throw_kernel_error(const KernelOwner& owner, const std::string& op,
+                                     const std::string& message);
+using KernelErrorHook = void (*)(const std::string& plugin, const std::string& op,
+                                 const std::string& file, const std::string& message);
+void set_kernel_error_hook(KernelErrorHook hook);
+
+}  // namespace maxdev::dispatch

@@ -1,0 +1,37 @@
+// How an op's boxed arguments cross the plugin ABI, decided once per op
+// from its schema (not per call).
+#pragma once
+
+#include <ATen/core/function_schema.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace maxdev::dispatch {
+
+enum class ArgKind : uint8_t {
+  tensor, int_, float_, bool_, scalar, int_list, float_list, tensor_list, string, dtype
+};
+
+struct ArgPlan {
+  ArgKind kind;
+  bool optional;  // None passes as MAXDEV_VALUE_NONE
+  bool written;   // Tensor(a!): the kernel writes into it
+};
+
+struct OpSignature {
+  std::string name;                  // "aten::add.out"
+  std::vector<ArgPlan> args;
+  std::vector<int> return_aliases;   // per return: the argument it aliases, or -1
+  int num_tensors_hint = 0;          // tensor arguments (for reserving)
+};
+
+// The plan for `schema`, or an explanation of why the ABI cannot pass it.
+struct SignatureResult {
+  std::optional<OpSignature> signature;
+  std::string why_not;
+};
+SignatureResult plan_signature(const c10::FunctionSchema& schema);
+
+}  // namespace maxdev::dispatch

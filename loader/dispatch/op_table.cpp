@@ -1,0 +1,146 @@
+#include "dispatch/op_table.h"
+
+#include <torch/library.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "common/log.h"
+#include "dispatch/cpu_fallback.h"
+#include "dispatch/epoch.h"
+
+namespace maxdev::dispatch {
+namespace {
+
+constexpr const char* kNativeOps[] = {
+    "aten::empty.memory_format", "aten::empty_strided", "aten::as_strided", "aten::view",
+    "aten::_reshape_alias", "aten::resize_", "aten::set_", "aten::set_.source_Storage",
+    "aten::set_.source_Storage_storage_offset", "aten::set_.source_Tensor", "aten::_copy_from",
+    "aten::_copy_from_and_resize", "aten::_local_scalar_dense"};
+
+class Trampoline final : public c10::OperatorKernel {
+ public:
+  explicit Trampoline(OpSlot* slot) : slot_(slot) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    ReadGuard guard;
+    const DispatchTable* table = OpTable::instance().current();
+    if (slot_->index < table->stacks.size()) {
+      const ProviderStack& providers = table->stacks[slot_->index];
+      for (auto it = providers.rbegin(); it != providers.rend(); ++it) {
+        if ((*it)->run(*slot_, stack)) return;
+      }
+    }
+    slot_->fallbacks.fetch_add(1, std::memory_order_relaxed);
+    note_fallback(op);
+    run_cpu_kernel(op, stack);
+  }
+
+ private:
+  OpSlot* slot_;
+};
+
+std::pair<std::string, std::string> split_name(const std::string& op) {
+  const auto dot = op.find('.', op.find("::") == std::string::npos ? 0 : op.find("::") + 2);
+  if (dot == std::string::npos) return {op, ""};
+  return {op.substr(0, dot), op.substr(dot + 1)};
+}
+
+}  // namespace
+
+OpSlot::OpSlot(size_t index, std::string name, c10::OperatorHandle op, OpSignature sig)
+    : index(index), name(std::move(name)), op(std::move(op)), sig(std::move(sig)) {}
+OpSlot::~OpSlot() = default;
+
+bool is_native_device_op(const std::string& op) {
+  return std::find_if(std::begin(kNativeOps), std::end(kNativeOps),
+                      [&](const char* n) { return op == n; }) != std::end(kNativeOps);
+}
+
+OpTable& OpTable::instance() {
+  static OpTable table;
+  return table;
+}
+
+OpTable::OpTable() : owned_current_(std::make_unique<DispatchTable>()) {
+  current_.store(owned_current_.get());
+}
+
+OpTable::Checked OpTable::validate(const std::string& op) const {
+  if (is_native_device_op(op)) {
+    throw std::invalid_argument("is served natively by max_device and cannot be replaced by a plugin");
+  }
+  const auto [name, overload] = split_name(op);
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!handle) throw std::invalid_argument("is not an operator PyTorch knows (no schema named " + op + ")");
+  if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+    throw std::invalid_argument("already has a PrivateUse1 kernel registered outside max_device");
+  }
+  auto plan = plan_signature(handle->schema());
+  if (!plan.signature) throw std::invalid_argument("cannot be served by a plugin: " + plan.why_not);
+  return {*handle, std::move(*plan.signature)};
+}
+
+void OpTable::check(const std::string& op) const {
+  std::lock_guard lock(slots_mutex_);
+  for (const auto& s : slots_) {
+    if (!s->retired && s->name == op) return;
+  }
+  validate(op);
+}
+
+OpSlot& OpTable::slot(const std::string& op) {
+  std::lock_guard lock(slots_mutex_);
+  for (auto& s : slots_) {
+    if (!s->retired && s->name == op) return *s;
+  }
+  Checked checked = validate(op);
+  auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
+  const auto [name, overload] = split_name(op);
+  const auto ns = name.substr(0, name.find("::"));
+  slot->registration = std::make_unique<torch::Library>(
+      torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  const std::string local_name = name.substr(ns.size() + 2) + (overload.empty() ? "" : "." + overload);
+  slot->registration->impl(
+      local_name.c_str(),
+      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Trampoline>(slot.get())));
+  log::debug("trampoline registered for " + op);
+  slots_.push_back(std::move(slot));
+  return *slots_.back();
+}
+
+void OpTable::retire(const std::string& op) {
+  std::lock_guard lock(slots_mutex_);
+  for (auto& s : slots_) {
+    if (s->retired || s->name != op) continue;
+    s->registration.reset();
+    s->retired = true;  // a redefinition gets a new slot
+    log::debug("trampoline removed for " + op);
+  }
+}
+
+std::unique_ptr<DispatchTable> OpTable::copy_current() const {
+  auto copy = std::make_unique<DispatchTable>(*current());
+  std::lock_guard lock(slots_mutex_);
+  copy->stacks.resize(slots_.size());
+  return copy;
+}
+
+void OpTable::publish(std::unique_ptr<DispatchTable> table) {
+  std::unique_ptr<DispatchTable> retired = std::move(owned_current_);
+  owned_current_ = std::move(table);
+  current_.store(owned_current_.get(), std::memory_order_release);
+  synchronize();
+  retired.reset();  // no call can see it any more
+}
+
+std::vector<const OpSlot*> OpTable::slots() const {
+  std::lock_guard lock(slots_mutex_);
+  std::vector<const OpSlot*> out;
+  for (const auto& s : slots_) {
+    if (!s->retired) out.push_back(s.get());
+  }
+  return out;
+}
+
+}  // namespace maxdev::dispatch

@@ -1,0 +1,182 @@
+#include "plugins/manifest.h"
+
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>  // before boost/dll/library_info.hpp, which needs it (Boost 1.74)
+
+#include <boost/dll/library_info.hpp>
+#include <max_device/plugin.h>
+
+namespace maxdev::plugins {
+namespace {
+
+constexpr size_t kMaxKernels = 100000;
+
+#if defined(__x86_64__)
+constexpr int kHostMachine = EM_X86_64;
+#elif defined(__aarch64__)
+constexpr int kHostMachine = EM_AARCH64;
+#else
+#error "unsupported host architecture"
+#endif
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// A fixed-size, NUL-terminated text field of a record.
+std::string text_field(const char* field, size_t size, const std::string& what, const ErrorContext& ctx) {
+  const size_t len = strnlen(field, size);
+  if (len == size) ctx.fail(ErrorKind::manifest, "manifest " + what + " is not NUL-terminated");
+  std::string value(field, len);
+  if (!valid_utf8(value)) ctx.fail(ErrorKind::manifest, "manifest " + what + " is not UTF-8");
+  return value;
+}
+
+struct ElfCloser {
+  void operator()(Elf* e) const { elf_end(e); }
+};
+
+// The raw bytes of the manifest section, after checking the ELF header.
+std::vector<char> manifest_bytes(const std::string& path, const ErrorContext& ctx) {
+  if (elf_version(EV_CURRENT) == EV_NONE) ctx.fail(ErrorKind::bad_image, "libelf is unusable");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) ctx.fail(ErrorKind::not_found, std::string("cannot open: ") + std::strerror(errno));
+  std::unique_ptr<Elf, ElfCloser> elf(elf_begin(fd, ELF_C_READ, nullptr));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  if (!elf || elf_kind(elf.get()) != ELF_K_ELF) {
+    ctx.fail(ErrorKind::bad_image, "not an ELF file");
+  }
+  GElf_Ehdr header;
+  if (gelf_getehdr(elf.get(), &header) == nullptr) {
+    ctx.fail(ErrorKind::bad_image, std::string("corrupt ELF header: ") + elf_errmsg(-1));
+  }
+  if (header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_machine != kHostMachine) {
+    ctx.fail(ErrorKind::bad_image, "ELF file for another architecture (machine " +
+                                       std::to_string(header.e_machine) + ")");
+  }
+  if (header.e_type != ET_DYN) ctx.fail(ErrorKind::bad_image, "not a shared library (ELF type " + std::to_string(header.e_type) + ")");
+
+  size_t names_index = 0;
+  if (elf_getshdrstrndx(elf.get(), &names_index) != 0) {
+    ctx.fail(ErrorKind::bad_image, std::string("corrupt section table: ") + elf_errmsg(-1));
+  }
+  for (Elf_Scn* scn = elf_nextscn(elf.get(), nullptr); scn != nullptr; scn = elf_nextscn(elf.get(), scn)) {
+    GElf_Shdr section;
+    if (gelf_getshdr(scn, &section) == nullptr) {
+      ctx.fail(ErrorKind::bad_image, std::string("corrupt section header: ") + elf_errmsg(-1));
+    }
+    const char* name = elf_strptr(elf.get(), names_index, section.sh_name);
+    if (name == nullptr || std::strcmp(name, MAXDEV_MANIFEST_SECTION) != 0) continue;
+    if (section.sh_type == SHT_NOBITS) ctx.fail(ErrorKind::manifest, "manifest section has no contents");
+    Elf_Data* data = elf_rawdata(scn, nullptr);
+    if (data == nullptr || data->d_buf == nullptr) {
+      ctx.fail(ErrorKind::manifest, std::string("cannot read manifest section: ") + elf_errmsg(-1));
+    }
+    const char* bytes = static_cast<const char*>(data->d_buf);
+    return std::vector<char>(bytes, bytes + data->d_size);
+  }
+  ctx.fail(ErrorKind::manifest,
+           "no " MAXDEV_MANIFEST_SECTION " section: not a max_device plugin (build it with "
+           "MAXDEV_DEFINE_PLUGIN)");
+}
+
+}  // namespace
+
+Manifest read_manifest(const std::string& path, const ErrorContext& ctx) {
+  const std::vector<char> bytes = manifest_bytes(path, ctx);
+
+  Manifest manifest;
+  try {
+    boost::dll::library_info info(boost::dll::fs::path(path), /*throw_if_not_native=*/true);
+    manifest.exported_symbols = info.symbols();
+  } catch (const std::exception& e) {
+    ctx.fail(ErrorKind::bad_image, std::string("cannot list symbols: ") + e.what());
+  }
+  const auto& syms = manifest.exported_symbols;
+  if (std::find(syms.begin(), syms.end(), MAXDEV_ENTRY_SYMBOL) == syms.end()) {
+    ctx.fail(ErrorKind::bad_image, "does not export the entry point " MAXDEV_ENTRY_SYMBOL);
+  }
+
+  bool have_plugin = false;
+  size_t offset = 0;
+  while (offset < bytes.size()) {
+    // The linker may pad between records; padding is zeros.
+    uint32_t magic = 0;
+    if (bytes.size() - offset < sizeof(magic)) break;
+    std::memcpy(&magic, bytes.data() + offset, sizeof(magic));
+    if (magic == 0) {
+      offset += 8;
+      continue;
+    }
+    if (magic != MAXDEV_MANIFEST_MAGIC) {
+      ctx.fail(ErrorKind::manifest, "corrupt manifest record at byte " + std::to_string(offset));
+    }
+    maxdev_manifest_record record{};
+    if (bytes.size() - offset < offsetof(maxdev_manifest_record, kind)) {
+      ctx.fail(ErrorKind::manifest, "truncated manifest record at byte " + std::to_string(offset));
+    }
+    uint32_t record_size = 0;
+    std::memcpy(&record_size, bytes.data() + offset + sizeof(magic), sizeof(record_size));
+    if (record_size < sizeof(record) || record_size > bytes.size() - offset) {
+      ctx.fail(ErrorKind::manifest, "manifest record at byte " + std::to_string(offset) +
+                                        " has size " + std::to_string(record_size) +
+                                        ", expected at least " + std::to_string(sizeof(record)));
+    }
+    std::memcpy(&record, bytes.data() + offset, sizeof(record));
+    offset += record_size;
+
+    if (record.kind == MAXDEV_MANIFEST_PLUGIN) {
+      if (have_plugin) ctx.fail(ErrorKind::manifest, "manifest has two plugin records");
+      have_plugin = true;
+      // The major is read, and refused, before any other field.
+      manifest.abi_major = record.abi_major;
+      manifest.abi_minor = record.abi_minor;
+      if (manifest.abi_major != MAXDEV_ABI_MAJOR) {
+        ctx.fail(ErrorKind::abi_mismatch,
+                 "built for plugin ABI " + std::to_string(record.abi_major) + "." +
+                     std::to_string(record.abi_minor) + "; this max_device accepts ABI " +
+                     std::to_string(MAXDEV_ABI_MAJOR) + ".0 to " + std::to_string(MAXDEV_ABI_MAJOR) +
+                     "." + std::to_string(MAXDEV_ABI_MINOR));
+      }
+      manifest.name = text_field(record.name, sizeof(record.name), "plugin name", ctx);
+      manifest.version = text_field(record.text, sizeof(record.text), "plugin version", ctx);
+    } else if (record.kind == MAXDEV_MANIFEST_KERNEL) {
+      if (!have_plugin) ctx.fail(ErrorKind::manifest, "manifest lists kernels before the plugin record");
+      if (manifest.kernels.size() >= kMaxKernels) {
+        ctx.fail(ErrorKind::manifest, "manifest lists more than " + std::to_string(kMaxKernels) + " kernels");
+      }
+      KernelManifest kernel;
+      kernel.op = text_field(record.name, sizeof(record.name), "op name", ctx);
+      kernel.schema = text_field(record.text, sizeof(record.text), "schema of " + kernel.op, ctx);
+      kernel.dtypes = record.dtypes;
+      kernel.flags = record.flags;
+      manifest.kernels.push_back(std::move(kernel));
+    } else {
+      ctx.fail(ErrorKind::manifest, "unknown manifest record kind " + std::to_string(record.kind));
+    }
+  }
+  if (!have_plugin) ctx.fail(ErrorKind::manifest, "manifest has no plugin record");
+  return manifest;
+}
+
+}  // namespace maxdev::plugins

@@ -1,0 +1,136 @@
+#include "plugins/plugin_library.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <set>
+
+#include "common/log.h"
+#include "dispatch/host_api.h"
+
+namespace maxdev::plugins {
+namespace {
+
+// Sizes of the structs at ABI 1.0: a plugin's structs may be larger (newer
+// minor) but never smaller.
+constexpr size_t kPluginDefSize_1_0 = sizeof(maxdev_plugin_def);
+constexpr size_t kKernelDefSize_1_0 = sizeof(maxdev_kernel_def);
+// The frozen prefix read before anything else.
+constexpr size_t kFrozenPrefix = offsetof(maxdev_plugin_def, abi_minor) + sizeof(uint32_t);
+
+std::string version_text(uint32_t major, uint32_t minor) {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+std::string checked_string(const char* s, const std::string& what, const ErrorContext& ctx) {
+  if (s == nullptr) ctx.fail(ErrorKind::bad_image, what + " is NULL in the plugin definition");
+  const size_t len = strnlen(s, 4096);
+  if (len == 4096) ctx.fail(ErrorKind::bad_image, what + " is not a NUL-terminated string of at most 4095 bytes");
+  return std::string(s, len);
+}
+
+}  // namespace
+
+PluginLibrary::PluginLibrary(const std::string& snapshot_path, const Manifest& manifest, const ErrorContext& ctx)
+    : path_(snapshot_path) {
+  namespace dll = boost::dll;
+  try {
+    library_.load(dll::fs::path(snapshot_path), dll::load_mode::rtld_now | dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    ctx.fail(ErrorKind::bad_image, std::string("cannot load the library: ") + e.what());
+  }
+  if (!library_.has(MAXDEV_ENTRY_SYMBOL)) {
+    ctx.fail(ErrorKind::bad_image, "does not export the entry point " MAXDEV_ENTRY_SYMBOL);
+  }
+  auto& entry = library_.get<maxdev_status(const maxdev_host_api*, const maxdev_plugin_def**)>(MAXDEV_ENTRY_SYMBOL);
+  const maxdev_plugin_def* def = nullptr;
+  const maxdev_status status = entry(dispatch::host_api(), &def);
+  if (status != MAXDEV_OK) {
+    ctx.fail(ErrorKind::bad_image, "entry point " MAXDEV_ENTRY_SYMBOL " refused this host (status " +
+                                       std::to_string(status) + ")");
+  }
+  if (def == nullptr) ctx.fail(ErrorKind::bad_image, "entry point returned no plugin definition");
+
+  // Negotiation: the frozen prefix only, then the major, before any other field.
+  if (def->struct_size < kFrozenPrefix) {
+    ctx.fail(ErrorKind::abi_mismatch, "plugin definition is " + std::to_string(def->struct_size) +
+                                          " bytes, too small to carry an ABI version");
+  }
+  const std::string host = version_text(MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR);
+  if (def->abi_major != MAXDEV_ABI_MAJOR) {
+    ctx.fail(ErrorKind::abi_mismatch, "plugin ABI " + version_text(def->abi_major, def->abi_minor) +
+                                          " has another major version than this max_device's ABI " + host +
+                                          "; rebuild the plugin against this max_device");
+  }
+  if (def->abi_minor > MAXDEV_ABI_MINOR) {
+    ctx.fail(ErrorKind::abi_mismatch, "plugin ABI " + version_text(def->abi_major, def->abi_minor) +
+                                          " is newer than this max_device's ABI " + host +
+                                          "; upgrade max_device or build the plugin against ABI " + host);
+  }
+  if (def->struct_size < kPluginDefSize_1_0) {
+    ctx.fail(ErrorKind::abi_mismatch, "plugin definition is " + std::to_string(def->struct_size) +
+                                          " bytes; ABI " + version_text(def->abi_major, def->abi_minor) +
+                                          " needs at least " + std::to_string(kPluginDefSize_1_0));
+  }
+  def_ = def;
+  check_definition(manifest, ctx);
+}
+
+void PluginLibrary::check_definition(const Manifest& manifest, const ErrorContext& ctx) const {
+  const std::string name = checked_string(def_->name, "plugin name", ctx);
+  const std::string version = checked_string(def_->version, "plugin version", ctx);
+  auto disagree = [&](const std::string& what, const std::string& op = {}) {
+    ctx.fail(ErrorKind::manifest, "the manifest and the entry point disagree on " + what, op);
+  };
+  if (name != manifest.name) disagree("the plugin name ('" + manifest.name + "' vs '" + name + "')");
+  if (version != manifest.version) disagree("the version ('" + manifest.version + "' vs '" + version + "')");
+  if (def_->abi_minor != manifest.abi_minor) disagree("the ABI version");
+  if (def_->num_kernels < 0 || static_cast<size_t>(def_->num_kernels) != manifest.kernels.size()) {
+    disagree("the number of kernels (" + std::to_string(manifest.kernels.size()) + " vs " +
+             std::to_string(def_->num_kernels) + ")");
+  }
+  if (def_->num_kernels > 0 && def_->kernels == nullptr) {
+    ctx.fail(ErrorKind::bad_image, "plugin definition has kernels == NULL");
+  }
+  for (int64_t i = 0; i < def_->num_kernels; ++i) {
+    const maxdev_kernel_def& k = def_->kernels[i];
+    const KernelManifest& m = manifest.kernels[static_cast<size_t>(i)];
+    if (k.struct_size < kKernelDefSize_1_0) {
+      ctx.fail(ErrorKind::abi_mismatch, "kernel definition " + std::to_string(i) + " is " +
+                                            std::to_string(k.struct_size) + " bytes; needs at least " +
+                                            std::to_string(kKernelDefSize_1_0));
+    }
+    const std::string op = checked_string(k.op, "op name of kernel " + std::to_string(i), ctx);
+    const std::string schema = k.schema == nullptr ? "" : checked_string(k.schema, "schema of " + op, ctx);
+    if (op != m.op) disagree("kernel " + std::to_string(i) + " ('" + m.op + "' vs '" + op + "')");
+    if (schema != m.schema) disagree("the schema", op);
+    if (k.dtypes != m.dtypes || k.flags != m.flags) disagree("the dtypes or flags", op);
+    if (k.fn == nullptr) ctx.fail(ErrorKind::bad_image, "kernel function is NULL", op);
+  }
+}
+
+void PluginLibrary::init(const maxdev_host_api* host, maxdev_host_context* ctx, const ErrorContext& err) {
+  if (def_->init == nullptr) return;
+  const maxdev_status status = def_->init(host, ctx, &state_);
+  if (status != MAXDEV_OK) {
+    err.fail(ErrorKind::bad_image, "init failed: " + (ctx->error.empty() ? "(no message)" : ctx->error));
+  }
+  initialized_ = true;
+}
+
+bool PluginLibrary::close() {
+  if (!library_.is_loaded()) return true;
+  if (initialized_ && def_->teardown != nullptr) def_->teardown(state_);
+  initialized_ = false;
+  library_.unload();
+  // RTLD_NOLOAD finds the image only if it is still mapped (and then adds a
+  // reference, which must be dropped again).
+  void* still = ::dlopen(path_.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (still == nullptr) return true;
+  ::dlclose(still);
+  return false;
+}
+
+PluginLibrary::~PluginLibrary() { close(); }
+
+}  // namespace maxdev::plugins

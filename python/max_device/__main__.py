@@ -1,0 +1,67 @@
+"""python -m max_device: inspect plugin files, list ops, find the SDK.
+
+  python -m max_device inspect PATH      manifest of a plugin file (runs none of its code)
+  python -m max_device ops [PLUGIN...]   load the given plugin files and list who serves each op
+  python -m max_device --cmake-dir       directory to pass as -DMaxDevicePlugin_DIR=
+  python -m max_device --include-dir     directory holding max_device/plugin.h
+"""
+
+import argparse
+import os
+import sys
+
+_SDK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sdk")
+
+
+def _sdk_path(*parts: str) -> str:
+    path = os.path.join(_SDK, *parts)
+    if not os.path.isdir(path):
+        sys.exit(f"max_device: the plugin SDK is not installed at {path} (build with `make`, "
+                 "or install the package with pip)")
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m max_device", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cmake-dir", action="store_true", help="print the CMake package directory")
+    parser.add_argument("--include-dir", action="store_true", help="print the plugin header directory")
+    sub = parser.add_subparsers(dest="command")
+    p_inspect = sub.add_parser("inspect", help="show a plugin file's manifest without loading it")
+    p_inspect.add_argument("path")
+    p_ops = sub.add_parser("ops", help="load plugin files and list the ops on max_device")
+    p_ops.add_argument("plugins", nargs="*")
+    args = parser.parse_args(argv)
+
+    if args.cmake_dir:
+        print(_sdk_path("lib", "cmake", "MaxDevicePlugin"))
+        return 0
+    if args.include_dir:
+        print(_sdk_path("include"))
+        return 0
+
+    import max_device
+
+    if args.command == "inspect":
+        try:
+            print(max_device.inspect(args.path))
+        except max_device.PluginError as e:
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "ops":
+        loaded = []
+        try:
+            for path in args.plugins:
+                loaded.append(max_device.load_plugin(path))
+        except max_device.PluginError as e:
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        print(max_device.list_ops(*loaded))
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

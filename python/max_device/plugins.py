@@ -1,0 +1,172 @@
+"""Loading, listing, inspecting and unloading plugins."""
+
+import dataclasses
+import os
+import threading
+from typing import Dict, List, Optional, Union
+
+import torch
+
+from . import _C
+from ._structured import derived_variants
+from .errors import PluginStateError
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelEntry:
+    op: str
+    schema: str
+    dtypes: int
+    flags: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """What a plugin file declares, read without running any of its code."""
+
+    name: str
+    version: str
+    abi: str
+    kernels: List[KernelEntry]
+    exported_symbols: List[str]
+
+    def __str__(self) -> str:
+        lines = [f"{self.name} {self.version} (plugin ABI {self.abi}), {len(self.kernels)} kernels"]
+        for k in self.kernels:
+            lines.append(f"  {k.op}" + (f"  defines: {k.schema}" if k.schema else ""))
+        return "\n".join(lines)
+
+
+class Plugin:
+    """A loaded plugin. Attributes are a snapshot taken at load time."""
+
+    def __init__(self, info: dict):
+        self._info = info
+
+    name = property(lambda self: self._info["name"])
+    version = property(lambda self: self._info["version"])
+    path = property(lambda self: self._info["path"], doc="the file the user loaded")
+    snapshot = property(lambda self: self._info["snapshot"], doc="the private copy that is mapped")
+    sha256 = property(lambda self: self._info["sha256"])
+    abi = property(lambda self: self._info["abi"])
+    ops = property(lambda self: list(self._info["ops"]))
+    defines = property(lambda self: list(self._info["defines"]), doc="ops this plugin defines")
+    load_seconds = property(lambda self: self._info["load_duration_ns"] / 1e9)
+
+    @property
+    def loaded(self) -> bool:
+        return any(p["name"] == self.name and p["sha256"] == self.sha256 for p in _C._list_plugins())
+
+    def unload(self) -> dict:
+        return unload_plugin(self)
+
+    def __repr__(self) -> str:
+        state = "" if self.loaded else ", unloaded"
+        return (f"<max_device.Plugin {self.name} {self.version} ({len(self.ops)} ops, "
+                f"sha256 {self.sha256[:12]}){state}>")
+
+
+_lock = threading.Lock()
+
+
+def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None) -> Plugin:
+    """Load a plugin library and put its kernels on top of each op's stack.
+
+    The file is copied to a private snapshot first; the snapshot is what is
+    opened. Loading runs the plugin's constructors and init (``inspect``
+    runs nothing). All or nothing: on any error, raises a
+    ``max_device.PluginError`` subclass and nothing changes.
+    ``name`` registers the plugin under another name than its manifest's,
+    e.g. to load two builds side by side.
+    """
+    with _lock:
+        info = _C._load_plugin(os.fspath(path), name)
+    _forget_python_op_caches(info["defines"])
+    return Plugin(info)
+
+
+def unload_plugin(plugin: Union[Plugin, str]) -> dict:
+    """Remove a plugin's kernels (each op falls to the provider below) and
+    release its library once no call is in flight.
+
+    Returns ``{"name": ..., "unmapped": bool}``; ``unmapped`` is False when
+    the library could not leave the process (GNU unique symbols,
+    thread_local destructors), which is also logged."""
+    name = plugin.name if isinstance(plugin, Plugin) else plugin
+    if not isinstance(name, str):
+        raise TypeError(f"expected a Plugin or a plugin name, got {plugin!r}")
+    defines = next((p["defines"] for p in _C._list_plugins() if p["name"] == name), [])
+    with _lock:
+        report = _C._unload_plugin(name)
+    _forget_python_op_caches(defines)
+    return report
+
+
+def list_plugins() -> List[Plugin]:
+    return [Plugin(info) for info in _C._list_plugins()]
+
+
+def get_plugin(name: str) -> Plugin:
+    for info in _C._list_plugins():
+        if info["name"] == name:
+            return Plugin(info)
+    raise PluginStateError(f"plugin '{name}': no plugin of this name is loaded", plugin=name)
+
+
+def inspect(path: Union[str, os.PathLike]) -> Manifest:
+    """Read a plugin file's manifest without loading it."""
+    m = _C._inspect(os.fspath(path))
+    return Manifest(m["name"], m["version"], m["abi"], [KernelEntry(**k) for k in m["kernels"]],
+                    list(m["exported_symbols"]))
+
+
+class OpTable(list):
+    """``list_ops()``'s result: a list of dicts that prints as a table."""
+
+    def __str__(self) -> str:
+        rows = [("op", "active", "stack (bottom -> top)", "calls", "declines", "fallbacks")]
+        for entry in self:
+            layers = entry["layers"]
+            stack = " < ".join(l["owner"] for l in layers) or "-"
+            active = layers[-1]["owner"] if layers else "cpu fallback"
+            op = entry["op"] + (f"  (via {entry['via']})" if entry.get("via") else "")
+            if entry.get("via"):  # its calls are counted on the .out row
+                rows.append((op, active, stack, "", "", ""))
+                continue
+            rows.append((op, active, stack, str(sum(l["calls"] for l in layers)),
+                         str(sum(l["declines"] for l in layers)), str(entry["fallbacks"])))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def list_ops(*plugins: Union[Plugin, str]) -> OpTable:
+    """Every op a plugin serves on max_device: its provider stack bottom to
+    top (the top is active), call, decline and fallback counts. Structured
+    variants served through a ``.out`` kernel (``add`` and ``add_`` through
+    ``add.out``) are listed too, marked ``via``. With plugin arguments, only
+    ops those plugins serve."""
+    names = {p.name if isinstance(p, Plugin) else p for p in plugins}
+    table = OpTable()
+    entries = _C._list_ops()
+    served = {e["op"] for e in entries}
+    for entry in entries:
+        owners = {l["owner"].split("@", 1)[0] for l in entry["layers"]}
+        if names and not names & owners:
+            continue
+        entry["via"] = None
+        table.append(entry)
+        for variant in derived_variants(entry["op"]):
+            if variant in served:
+                continue  # it has its own provider stack
+            table.append({"op": variant, "via": entry["op"], "layers": entry["layers"], "fallbacks": 0})
+    return table
+
+
+def _forget_python_op_caches(ops: List[str]) -> None:
+    """torch.ops caches op packets; drop them so a (re)defined op resolves anew."""
+    for qualified in ops:
+        ns, _, name = qualified.partition("::")
+        namespace = getattr(torch.ops, ns, None)
+        packet = name.split(".", 1)[0]
+        if namespace is not None and packet in namespace.__dict__:
+            delattr(namespace, packet)
