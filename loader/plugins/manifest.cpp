@@ -8,9 +8,10 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <vector>  // before boost/dll/library_info.hpp, which needs it (Boost 1.74)
+#include <sys/stat.h>
 
-#include <boost/dll/library_info.hpp>
+#include <vector>
+
 #include <max_device/plugin.h>
 
 namespace maxdev::plugins {
@@ -53,65 +54,102 @@ struct ElfCloser {
   void operator()(Elf* e) const { elf_end(e); }
 };
 
-// The raw bytes of the manifest section, after checking the ELF header.
-std::vector<char> manifest_bytes(const std::string& path, const ErrorContext& ctx) {
+// What the loader needs from the file, read with libelf alone. (Boost.DLL
+// 1.74's library_info::symbols() reads .symtab, absent from stripped
+// libraries, with whichever string table comes last: it names the wrong
+// symbols. The dynamic symbol table is what dlopen sees.)
+struct ElfFacts {
+  std::vector<char> manifest;
+  std::vector<std::string> exported;  // defined, default-visibility dynamic symbols
+};
+
+ElfFacts read_elf(const std::string& path, const ErrorContext& ctx) {
   if (elf_version(EV_CURRENT) == EV_NONE) ctx.fail(ErrorKind::bad_image, "libelf is unusable");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) ctx.fail(ErrorKind::not_found, std::string("cannot open: ") + std::strerror(errno));
-  std::unique_ptr<Elf, ElfCloser> elf(elf_begin(fd, ELF_C_READ, nullptr));
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
   } closer{fd};
-  if (!elf || elf_kind(elf.get()) != ELF_K_ELF) {
-    ctx.fail(ErrorKind::bad_image, "not an ELF file");
-  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) ctx.fail(ErrorKind::not_found, "not a regular file");
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+
+  std::unique_ptr<Elf, ElfCloser> elf(elf_begin(fd, ELF_C_READ, nullptr));
+  if (!elf || elf_kind(elf.get()) != ELF_K_ELF) ctx.fail(ErrorKind::bad_image, "not an ELF file");
   GElf_Ehdr header;
   if (gelf_getehdr(elf.get(), &header) == nullptr) {
-    ctx.fail(ErrorKind::bad_image, std::string("corrupt ELF header: ") + elf_errmsg(-1));
+    ctx.fail(ErrorKind::bad_image, std::string("corrupt or truncated ELF header: ") + elf_errmsg(-1));
   }
   if (header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_machine != kHostMachine) {
     ctx.fail(ErrorKind::bad_image, "ELF file for another architecture (machine " +
                                        std::to_string(header.e_machine) + ")");
   }
-  if (header.e_type != ET_DYN) ctx.fail(ErrorKind::bad_image, "not a shared library (ELF type " + std::to_string(header.e_type) + ")");
+  if (header.e_type != ET_DYN) {
+    ctx.fail(ErrorKind::bad_image, "not a shared library (ELF type " + std::to_string(header.e_type) + ")");
+  }
+  if (header.e_shoff == 0 || header.e_shoff > file_size ||
+      uint64_t(header.e_shnum) * header.e_shentsize > file_size - header.e_shoff) {
+    ctx.fail(ErrorKind::bad_image, "truncated ELF file (" + std::to_string(file_size) +
+                                       " bytes; the section table lies beyond the end)");
+  }
 
   size_t names_index = 0;
   if (elf_getshdrstrndx(elf.get(), &names_index) != 0) {
     ctx.fail(ErrorKind::bad_image, std::string("corrupt section table: ") + elf_errmsg(-1));
   }
+  ElfFacts facts;
+  bool have_manifest = false;
   for (Elf_Scn* scn = elf_nextscn(elf.get(), nullptr); scn != nullptr; scn = elf_nextscn(elf.get(), scn)) {
     GElf_Shdr section;
     if (gelf_getshdr(scn, &section) == nullptr) {
       ctx.fail(ErrorKind::bad_image, std::string("corrupt section header: ") + elf_errmsg(-1));
     }
+    if (section.sh_type != SHT_NOBITS && section.sh_offset + section.sh_size > file_size) {
+      ctx.fail(ErrorKind::bad_image, "truncated ELF file (a section ends beyond the end of the file)");
+    }
+    if (section.sh_type == SHT_DYNSYM) {
+      Elf_Data* data = elf_getdata(scn, nullptr);
+      const size_t count = section.sh_entsize == 0 || data == nullptr ? 0 : section.sh_size / section.sh_entsize;
+      for (size_t i = 0; i < count; ++i) {
+        GElf_Sym sym;
+        if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) continue;
+        if (sym.st_shndx == SHN_UNDEF || GELF_ST_BIND(sym.st_info) == STB_LOCAL ||
+            GELF_ST_VISIBILITY(sym.st_other) != STV_DEFAULT) {
+          continue;
+        }
+        const char* name = elf_strptr(elf.get(), section.sh_link, sym.st_name);
+        if (name != nullptr && *name != '\0') facts.exported.emplace_back(name);
+      }
+      continue;
+    }
     const char* name = elf_strptr(elf.get(), names_index, section.sh_name);
     if (name == nullptr || std::strcmp(name, MAXDEV_MANIFEST_SECTION) != 0) continue;
     if (section.sh_type == SHT_NOBITS) ctx.fail(ErrorKind::manifest, "manifest section has no contents");
     Elf_Data* data = elf_rawdata(scn, nullptr);
-    if (data == nullptr || data->d_buf == nullptr) {
+    if (data == nullptr || (data->d_buf == nullptr && data->d_size != 0)) {
       ctx.fail(ErrorKind::manifest, std::string("cannot read manifest section: ") + elf_errmsg(-1));
     }
     const char* bytes = static_cast<const char*>(data->d_buf);
-    return std::vector<char>(bytes, bytes + data->d_size);
+    facts.manifest.assign(bytes, bytes + data->d_size);
+    have_manifest = true;
   }
-  ctx.fail(ErrorKind::manifest,
-           "no " MAXDEV_MANIFEST_SECTION " section: not a max_device plugin (build it with "
-           "MAXDEV_DEFINE_PLUGIN)");
+  if (!have_manifest) {
+    ctx.fail(ErrorKind::manifest,
+             "no " MAXDEV_MANIFEST_SECTION " section: not a max_device plugin (build it with "
+             "MAXDEV_DEFINE_PLUGIN)");
+  }
+  return facts;
 }
 
 }  // namespace
 
 Manifest read_manifest(const std::string& path, const ErrorContext& ctx) {
-  const std::vector<char> bytes = manifest_bytes(path, ctx);
+  ElfFacts facts = read_elf(path, ctx);
+  const std::vector<char>& bytes = facts.manifest;
 
   Manifest manifest;
-  try {
-    boost::dll::library_info info(boost::dll::fs::path(path), /*throw_if_not_native=*/true);
-    manifest.exported_symbols = info.symbols();
-  } catch (const std::exception& e) {
-    ctx.fail(ErrorKind::bad_image, std::string("cannot list symbols: ") + e.what());
-  }
+  manifest.exported_symbols = std::move(facts.exported);
   const auto& syms = manifest.exported_symbols;
   if (std::find(syms.begin(), syms.end(), MAXDEV_ENTRY_SYMBOL) == syms.end()) {
     ctx.fail(ErrorKind::bad_image, "does not export the entry point " MAXDEV_ENTRY_SYMBOL);

@@ -1,0 +1,177 @@
+// Loading, negotiation, all-or-nothing registration and unloading, with
+// real plugins built by this build.
+#include <ATen/ops/neg.h>
+#include <ATen/ops/ones.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "dispatch/op_table.h"
+#include "loader_test_util.h"
+#include "plugins/registry.h"
+
+namespace maxdev::testing {
+namespace {
+
+using plugins::ErrorKind;
+using plugins::PluginRegistry;
+
+const plugins::OpReport* find_op(const std::vector<plugins::OpReport>& ops, const std::string& name) {
+  for (const auto& op : ops) {
+    if (op.op == name) return &op;
+  }
+  return nullptr;
+}
+
+// Names of the loaded plugins and of the ops with providers: what a user
+// can observe of the registry.
+std::string observable_state() {
+  std::string out;
+  for (const auto& p : PluginRegistry::instance().plugins()) out += "plugin " + p.name + "\n";
+  for (const auto& op : PluginRegistry::instance().ops()) {
+    out += op.op + ":";
+    for (const auto& l : op.layers) out += " " + l.owner;
+    out += "\n";
+  }
+  return out;
+}
+
+TEST(Loader, LoadedKernelServesTheOpAndUnloadReturnsItToTheFallback) {
+  auto& registry = PluginRegistry::instance();
+  const auto info = registry.load(fixture("good"), std::nullopt);
+  EXPECT_EQ(info.name, "good");
+  EXPECT_EQ(info.ops, std::vector<std::string>{"aten::neg.out"});
+
+  at::Tensor x = at::ones({8}, at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, 0)));
+  at::Tensor y = at::neg(x);
+  EXPECT_EQ(y.device().type(), c10::DeviceType::PrivateUse1);
+  EXPECT_FLOAT_EQ(y.cpu()[3].item<float>(), -1.0f);
+  const auto ops = registry.ops();
+  const auto* op = find_op(ops, "aten::neg.out");
+  ASSERT_NE(op, nullptr);
+  ASSERT_EQ(op->layers.size(), 1u);
+  EXPECT_EQ(op->layers[0].owner, "good@1.0.0");
+  EXPECT_EQ(op->layers[0].calls, 1);
+
+  const auto report = registry.unload("good");
+  EXPECT_TRUE(report.unmapped);
+  EXPECT_EQ(find_op(registry.ops(), "aten::neg.out"), nullptr);
+  EXPECT_FLOAT_EQ(at::neg(x).cpu()[0].item<float>(), -1.0f);  // the CPU fallback serves it again
+}
+
+TEST(Loader, LaterLoadsStackOnTopAndUnloadRevealsTheOneBelow) {
+  auto& registry = PluginRegistry::instance();
+  registry.load(fixture("good"), std::nullopt);
+  registry.load(fixture("good_copy"), std::nullopt);
+  auto layers = find_op(registry.ops(), "aten::neg.out")->layers;
+  ASSERT_EQ(layers.size(), 2u);
+  EXPECT_EQ(layers[0].owner, "good@1.0.0");
+  EXPECT_EQ(layers[1].owner, "good_copy@1.0.0");
+  registry.unload("good_copy");
+  layers = find_op(registry.ops(), "aten::neg.out")->layers;
+  ASSERT_EQ(layers.size(), 1u);
+  EXPECT_EQ(layers[0].owner, "good@1.0.0");
+  registry.unload("good");
+}
+
+TEST(Loader, SameFileUnderTwoNamesIsTwoImages) {
+  auto& registry = PluginRegistry::instance();
+  const auto a = registry.load(fixture("good"), std::string("good_a"));
+  const auto b = registry.load(fixture("good"), std::string("good_b"));
+  EXPECT_EQ(a.sha256, b.sha256);
+  EXPECT_NE(a.snapshot, b.snapshot);
+  EXPECT_TRUE(registry.unload("good_a").unmapped);
+  EXPECT_TRUE(registry.unload("good_b").unmapped);
+}
+
+TEST(Loader, NameAlreadyLoadedIsRefused) {
+  auto& registry = PluginRegistry::instance();
+  registry.load(fixture("good"), std::nullopt);
+  expect_plugin_error([&] { registry.load(fixture("good"), std::nullopt); }, ErrorKind::state,
+                      "already loaded");
+  registry.unload("good");
+}
+
+TEST(Negotiation, CurrentVersionIsAccepted) {
+  auto& registry = PluginRegistry::instance();
+  const auto info = registry.load(fixture("good"), std::nullopt);
+  EXPECT_EQ(info.abi_major, static_cast<uint32_t>(MAXDEV_ABI_MAJOR));
+  EXPECT_EQ(info.abi_minor, static_cast<uint32_t>(MAXDEV_ABI_MINOR));
+  registry.unload("good");
+}
+
+TEST(Negotiation, NewerMinorIsRefusedNamingBothVersions) {
+  const std::string host = std::to_string(MAXDEV_ABI_MAJOR) + "." + std::to_string(MAXDEV_ABI_MINOR);
+  expect_plugin_error([] { PluginRegistry::instance().load(fixture("abi_minor_newer"), std::nullopt); },
+                      ErrorKind::abi_mismatch, "plugin ABI 1.99 is newer than this max_device's ABI " + host);
+}
+
+TEST(Negotiation, OtherMajorIsRefusedBeforeLoading) {
+  expect_plugin_error([] { PluginRegistry::instance().load(fixture("abi_major_other"), std::nullopt); },
+                      ErrorKind::abi_mismatch, "built for plugin ABI 2.0");
+}
+
+TEST(AllOrNothing, AnUnknownOpRegistersNothing) {
+  const std::string before = observable_state();
+  const auto slots_before = dispatch::OpTable::instance().slots().size();
+  expect_plugin_error([] { PluginRegistry::instance().load(fixture("unknown_op_last"), std::nullopt); },
+                      ErrorKind::schema, "aten::definitely_not_an_op");
+  EXPECT_EQ(observable_state(), before);
+  EXPECT_EQ(dispatch::OpTable::instance().slots().size(), slots_before);
+}
+
+TEST(AllOrNothing, DuplicateOpIsAManifestError) {
+  const std::string before = observable_state();
+  expect_plugin_error([] { PluginRegistry::instance().load(fixture("duplicate_op"), std::nullopt); },
+                      ErrorKind::manifest, "lists this op twice");
+  EXPECT_EQ(observable_state(), before);
+}
+
+TEST(CustomOps, SchemaChangeIsRefusedUntilTheDefinerIsUnloaded) {
+  auto& registry = PluginRegistry::instance();
+  registry.load(fixture("custom_op"), std::nullopt);
+  EXPECT_TRUE(c10::Dispatcher::singleton().findSchema({"fixture_ns::negate", "out"}).has_value());
+  expect_plugin_error([&] { registry.load(fixture("custom_op_changed"), std::nullopt); }, ErrorKind::schema,
+                      "unload it first");
+  registry.unload("custom_op");
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"fixture_ns::negate", "out"}).has_value());
+  registry.load(fixture("custom_op_changed"), std::nullopt);
+  registry.unload("custom_op_changed");
+}
+
+TEST(Kernels, AnErrorNamesPluginOpAndFile) {
+  auto& registry = PluginRegistry::instance();
+  registry.load(fixture("failing_kernel"), std::nullopt);
+  at::Tensor x = device_tensor({4}).fill_(1.0);
+  try {
+    at::neg(x);
+    ADD_FAILURE() << "the failing kernel did not raise";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("plugin 'failing_kernel'"), std::string::npos) << what;
+    EXPECT_NE(what.find("aten::neg.out"), std::string::npos) << what;
+    EXPECT_NE(what.find("failing_kernel.so"), std::string::npos) << what;
+    EXPECT_NE(what.find("fixture kernel failed on purpose"), std::string::npos) << what;
+  }
+  registry.unload("failing_kernel");
+}
+
+TEST(Kernels, DeclinedInputsFallToTheCpu) {
+  auto& registry = PluginRegistry::instance();
+  registry.load(fixture("good"), std::nullopt);
+  at::Tensor x = device_tensor({4, 4}).fill_(2.0).t();  // not contiguous: the fixture declines
+  at::Tensor y = at::empty({4, 4}, x.options());
+  at::neg_out(y, x);
+  EXPECT_FLOAT_EQ(y.cpu()[1][2].item<float>(), -2.0f);
+  const auto ops = registry.ops();
+  const auto* op = find_op(ops, "aten::neg.out");
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->layers[0].declines, 1);
+  EXPECT_EQ(op->layers[0].calls, 0);
+  registry.unload("good");
+}
+
+}  // namespace
+}  // namespace maxdev::testing

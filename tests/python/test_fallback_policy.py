@@ -1,0 +1,193 @@
+import warnings
+
+import pytest
+import torch
+
+import max_device
+from conftest import run_python
+
+DEVICE = "max_device"
+OP = "aten::index_select"
+
+
+def dev(t):
+    return t.to(DEVICE)  # a copy: a native kernel, never a fallback
+
+
+def index_select():
+    return torch.index_select(dev(torch.arange(6.0)), 0, dev(torch.tensor([1, 3])))
+
+
+def cumsum():
+    return dev(torch.arange(4.0)).cumsum(0)  # reaches the fallback as aten::cumsum.out
+
+
+def calls_with_warnings(fn, times):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # let the device decide what is "once"
+        for _ in range(times):
+            fn()
+    return [w for w in caught if "max_device" in str(w.message)]
+
+
+def test_default_is_allow_and_silent():
+    assert max_device.fallback_policy() == "allow"
+    assert max_device.fallback_policy(OP) == "allow"
+    assert calls_with_warnings(index_select, 2) == []
+
+
+def test_global_warn_once_per_op():
+    max_device.set_fallback_policy("warn")
+    assert max_device.fallback_policy() == "warn"
+    caught = calls_with_warnings(index_select, 3)
+    assert len(caught) == 1
+    assert issubclass(caught[0].category, UserWarning)
+    assert OP in str(caught[0].message)
+    # another op warns once for itself
+    caught = calls_with_warnings(lambda: cumsum(), 2)
+    assert len(caught) == 1 and "aten::cumsum.out" in str(caught[0].message)
+    # setting the policy again re-arms the warnings
+    max_device.set_fallback_policy("warn")
+    assert len(calls_with_warnings(index_select, 2)) == 1
+
+
+def test_global_error_raises_naming_the_op():
+    max_device.set_fallback_policy("error")
+    with pytest.raises(NotImplementedError, match=OP):
+        index_select()
+    # native kernels (factories, views, copies) are not fallbacks
+    x = dev(torch.zeros(3, 4))
+    y = torch.empty(4, 3, device=DEVICE)
+    y.copy_(x.t())
+    v = x[1:].view(-1).unsqueeze(0).expand(2, 8)
+    assert v.shape == (2, 8)
+    x.to("cpu")
+    x[0, 0].item()
+
+
+def test_per_op_override():
+    max_device.set_fallback_policy("error", op=OP)
+    assert max_device.fallback_policy(OP) == "error"
+    assert max_device.fallback_policy("index_select") == "error"  # aten:: is implied
+    assert max_device.fallback_policy() == "allow"
+    with pytest.raises(NotImplementedError, match=OP):
+        index_select()
+    cumsum()  # other ops still allowed
+    # an op allowed while the global policy forbids
+    max_device.set_fallback_policy("error")
+    max_device.set_fallback_policy("allow", op=OP)
+    assert index_select().tolist() == [1.0, 3.0]
+    with pytest.raises(NotImplementedError, match="aten::cumsum.out"):
+        cumsum()
+    # removing the override falls back to the global policy
+    max_device.set_fallback_policy(None, op=OP)
+    assert max_device.fallback_policy(OP) == "error"
+    with pytest.raises(NotImplementedError):
+        index_select()
+
+
+def test_per_op_warn_once():
+    max_device.set_fallback_policy("warn", op="index_select")
+    caught = calls_with_warnings(lambda: (index_select(), cumsum()), 3)
+    assert len(caught) == 1 and OP in str(caught[0].message)
+
+
+def test_overload_names_are_separate_ops():
+    a = dev(torch.ones(3))
+    max_device.set_fallback_policy("error", op="aten::add.out")
+    with pytest.raises(NotImplementedError, match=r"aten::add\.out"):
+        a + a
+    a.relu()  # not add.out
+
+
+def test_error_leaves_tensors_intact():
+    max_device.set_fallback_policy("error")
+    x = dev(torch.arange(4.0))
+    with pytest.raises(NotImplementedError, match=r"aten::add\.out"):
+        x.add_(1)
+    max_device.set_fallback_policy("allow")
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="allow"):
+        max_device.set_fallback_policy("sometimes")
+    with pytest.raises(ValueError):
+        max_device.set_fallback_policy("sometimes", op=OP)
+    with pytest.raises(ValueError):
+        max_device.set_fallback_policy(None)
+    with pytest.raises(TypeError):
+        max_device.set_fallback_policy("warn", op="")
+    assert max_device.fallback_policy() == "allow"
+
+
+def test_counters():
+    max_device.reset_fallback_counts()
+    assert max_device.fallback_counts() == {}
+    for _ in range(3):
+        index_select()
+    counts = max_device.fallback_counts()
+    assert counts[OP] == 3
+    assert list(counts) == sorted(counts)
+    x = dev(torch.ones(4))
+    x + x
+    assert max_device.fallback_counts()["aten::add.out"] == 1
+    # calls refused by the policy are counted too: they reached the fallback
+    max_device.set_fallback_policy("error", op=OP)
+    with pytest.raises(NotImplementedError):
+        index_select()
+    assert max_device.fallback_counts()[OP] == 4
+    max_device.reset_fallback_counts()
+    assert max_device.fallback_counts() == {}
+
+
+ENV_CODE = """
+import sys, warnings, torch, max_device
+op = sys.argv[1]
+print("global", max_device.fallback_policy())
+print("mm", max_device.fallback_policy(op))
+a = torch.ones(2, 2).to("max_device")
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    a + a
+    a + a
+print("warnings", len([x for x in w if "aten::add.out" in str(x.message)]))
+try:
+    torch.mm(a, a)
+    print("mm ran")
+except NotImplementedError as e:
+    print("mm refused", op in str(e))
+"""
+
+
+def env_run(op):
+    return run_python(ENV_CODE, env={"MAX_DEVICE_FALLBACK": f"warn,{op}=error"}, args=[op])
+
+
+def test_env_var_in_subprocess():
+    # torch.mm is structured: the fallback sees the overload aten::mm.out
+    r = env_run("aten::mm.out")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "global warn" in lines
+    assert "mm error" in lines
+    assert "warnings 1" in lines
+    assert "mm refused True" in lines
+
+
+def test_env_var_bad_entry_is_reported_and_ignored():
+    r = run_python("import max_device; print(max_device.fallback_policy())",
+                   env={"MAX_DEVICE_FALLBACK": "bogus,error"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "error"
+    assert "MAX_DEVICE_FALLBACK" in r.stderr and "bogus" in r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "design bug: per-op policies match the exact overload name, but structured ops (mm, add, sum, ...) "
+    "reach the fallback only as their .out overload, so the documented example "
+    "MAX_DEVICE_FALLBACK=warn,aten::mm=error (fallback.py docstring) never refuses torch.mm"))
+def test_env_var_base_op_name_covers_its_overloads():
+    r = env_run("aten::mm")
+    assert r.returncode == 0, r.stderr
+    assert "mm refused True" in r.stdout.splitlines()
