@@ -13,15 +13,11 @@ namespace {
 
 spdlog::logger& logger() {
   // stderr reaches the user in a terminal, a notebook's log and pytest's
-  // capture alike. MAX_DEVICE_LOG_LEVEL sets the level before first use.
+  // capture alike.
   static std::shared_ptr<spdlog::logger> instance = [] {
     auto made = spdlog::stderr_color_mt("max_device");
     made->set_pattern("[max_device] [%l] %v");
     made->set_level(spdlog::level::info);
-    if (const char* env = std::getenv("MAX_DEVICE_LOG_LEVEL")) {
-      auto parsed = spdlog::level::from_str(env);
-      if (parsed != spdlog::level::off || std::string(env) == "off") made->set_level(parsed);
-    }
     return made;
   }();
   return *instance;
@@ -29,25 +25,43 @@ spdlog::logger& logger() {
 
 }  // namespace
 
+constexpr std::pair<const char*, spdlog::level::level_enum> kLevels[] = {
+    {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
+    {"warn", spdlog::level::warn},   {"error", spdlog::level::err},   {"off", spdlog::level::off}};
+
 void write(Level level, const std::string& message) {
-  static constexpr spdlog::level::level_enum kSpdlog[] = {
-      spdlog::level::trace, spdlog::level::debug, spdlog::level::info,
-      spdlog::level::warn,  spdlog::level::err,   spdlog::level::off};
-  logger().log(kSpdlog[static_cast<int>(level)], message);
+  logger().log(kLevels[static_cast<int>(level)].second, message);
 }
 
-void set_level(const std::string& level) {
-  auto parsed = spdlog::level::from_str(level);
-  if (parsed == spdlog::level::off && level != "off") {
-    throw std::invalid_argument("unknown log level '" + level +
-                                "' (expected trace, debug, info, warn, error or off)");
+Level parse_level(const std::string& name) {
+  for (size_t i = 0; i < std::size(kLevels); ++i) {
+    if (name == kLevels[i].first) return static_cast<Level>(i);
   }
-  logger().set_level(parsed);
+  throw std::invalid_argument("unknown log level '" + name +
+                              "' (expected trace, debug, info, warn, error or off)");
 }
+
+void set_level(const std::string& level) { logger().set_level(kLevels[static_cast<int>(parse_level(level))].second); }
+
+namespace {
+// MAX_DEVICE_LOG_LEVEL applies at load time; a bad value is reported, not fatal.
+const bool env_applied = [] {
+  if (const char* env = std::getenv("MAX_DEVICE_LOG_LEVEL")) {
+    try {
+      set_level(env);
+    } catch (const std::invalid_argument& e) {
+      logger().warn("MAX_DEVICE_LOG_LEVEL: {}", e.what());
+    }
+  }
+  return true;
+}();
+}  // namespace
 
 std::string level() {
-  auto name = spdlog::level::to_string_view(logger().level());
-  return std::string(name.data(), name.size());
+  for (const auto& [name, value] : kLevels) {
+    if (logger().level() == value) return name;
+  }
+  return "info";
 }
 
 }  // namespace maxdev::log

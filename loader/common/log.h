@@ -17,6 +17,7 @@ inline void error(const std::string& m) { write(Level::error, m); }
 
 // Level names: trace, debug, info, warn, error, off. Throws
 // std::invalid_argument on anything else.
+Level parse_level(const std::string& name);
 void set_level(const std::string& level);
 std::string level();
 

@@ -22,8 +22,13 @@ struct MemoryStats {
   int64_t frees;                 // allocations released since start
 };
 
+// Two instances share one pool and one set of statistics: allocator()
+// tags its buffers max_device; host_side_allocator() tags them CPU, for the
+// CPU aliases the fallback hands to CPU kernels, which must see CPU memory
+// even when they grow an alias (see host_alias.h).
 class HostAllocator final : public c10::Allocator {
  public:
+  explicit HostAllocator(c10::Device tag) : tag_(tag) {}
   c10::DataPtr allocate(size_t nbytes) override;
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, size_t count) const override;
@@ -38,14 +43,12 @@ class HostAllocator final : public c10::Allocator {
 
  private:
   static void release(void* ptr);
-  void add(int64_t nbytes);
+  static void add(int64_t nbytes);
 
-  std::atomic<int64_t> allocated_{0};
-  std::atomic<int64_t> peak_{0};
-  std::atomic<int64_t> allocations_{0};
-  std::atomic<int64_t> frees_{0};
+  c10::Device tag_;
 };
 
 HostAllocator& allocator();
+HostAllocator& host_side_allocator();
 
 }  // namespace maxdev::device

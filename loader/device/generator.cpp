@@ -37,24 +37,23 @@ class DeviceGenerator final : public c10::GeneratorImpl {
   at::Generator engine_;
 };
 
-at::Generator make_generator(uint64_t seed) {
-  return at::make_generator<DeviceGenerator>(at::detail::createCPUGenerator(seed));
-}
-
 }  // namespace
 
 const at::Generator& default_generator() {
-  // Same initial seed as PyTorch's CPU default generator.
-  static at::Generator instance = make_generator(c10::default_rng_seed_val);
+  static at::Generator instance = at::make_generator<DeviceGenerator>(at::detail::getDefaultCPUGenerator());
   return instance;
 }
 
-at::Generator new_generator() { return make_generator(c10::default_rng_seed_val); }
+at::Generator new_generator() {
+  return at::make_generator<DeviceGenerator>(at::detail::createCPUGenerator(c10::default_rng_seed_val));
+}
 
 at::Generator cpu_engine(const std::optional<at::Generator>& generator) {
   const at::Generator& chosen =
       generator.has_value() && generator->defined() ? *generator : default_generator();
-  if (chosen.device().type() != kDeviceType) return chosen;  // already a CPU generator
+  TORCH_CHECK(chosen.device().type() == kDeviceType,
+              "Expected a 'max_device' device type for generator but found '", chosen.device().type(),
+              "'");
   return static_cast<DeviceGenerator*>(chosen.unsafeGetGeneratorImpl())->engine();
 }
 

@@ -18,10 +18,11 @@ c10::Storage alias_storage(c10::StorageImpl* device_storage) {
   void* data = device_storage->mutable_data();
   c10::raw::intrusive_ptr::incref(device_storage);
   c10::DataPtr ptr(data, device_storage, &release_storage_ref, c10::Device(c10::kCPU));
-  // Resizable with the device allocator: an out= kernel may grow it, and
-  // commit() moves the grown buffer to the device storage.
+  // Resizable with the host-side allocator: an out= kernel may grow it (and
+  // views of the grown alias still read as CPU), and commit() moves the
+  // grown buffer to the device storage.
   return c10::Storage(c10::Storage::use_byte_size_t(), device_storage->nbytes(), std::move(ptr),
-                      &allocator(), /*resizable=*/true);
+                      &host_side_allocator(), /*resizable=*/true);
 }
 
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
@@ -81,8 +82,8 @@ void HostAliasScope::commit() {
   for (auto& pair : storages_) {
     auto* alias = pair.alias.unsafeGetStorageImpl();
     if (alias->data() == pair.original_data) continue;
-    // The kernel resized the alias: the new buffer came from the device
-    // allocator; hand it to the device storage.
+    // The kernel resized the alias: the new buffer came from the host-side
+    // allocator (same pool); hand it to the device storage as device memory.
     c10::DataPtr grown = alias->set_data_ptr(c10::DataPtr());
     grown.unsafe_set_device(the_device());
     pair.device->set_data_ptr_noswap(std::move(grown));

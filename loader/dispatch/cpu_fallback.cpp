@@ -1,6 +1,8 @@
 #include "dispatch/cpu_fallback.h"
 
 #include <ATen/native/CPUFallback.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -26,6 +28,7 @@ constexpr int8_t kNoOverride = -1;
 
 struct OpEntry {
   std::string name;
+  OpEntry* base = nullptr;  // "aten::mm" for "aten::mm.out": its policy covers every overload
   std::atomic<int64_t> count{0};
   std::atomic<int8_t> policy{kNoOverride};
   std::atomic<bool> warned{false};
@@ -45,7 +48,9 @@ class FallbackRegistry {
       if (auto it = by_key_.find(key); it != by_key_.end()) return *it->second;
     }
     std::unique_lock lock(mutex_);
-    OpEntry& e = named(c10::toString(op.operator_name()));
+    const auto& name = op.operator_name();
+    OpEntry& e = named(c10::toString(name));
+    if (!name.overload_name.empty()) e.base = &named(name.name);
     by_key_.emplace(key, &e);
     return e;
   }
@@ -190,7 +195,8 @@ void set_fallback_impl(FallbackImpl impl) { registry().impl = impl; }
 void note_fallback(const c10::OperatorHandle& op) {
   OpEntry& e = registry().entry(op);
   e.count.fetch_add(1, std::memory_order_relaxed);
-  const int8_t own = e.policy.load(std::memory_order_relaxed);
+  int8_t own = e.policy.load(std::memory_order_relaxed);
+  if (own == kNoOverride && e.base != nullptr) own = e.base->policy.load(std::memory_order_relaxed);
   const auto policy = own == kNoOverride ? registry().global.load(std::memory_order_relaxed)
                                          : static_cast<FallbackPolicy>(own);
   if (policy == FallbackPolicy::allow) return;
@@ -209,7 +215,7 @@ void note_fallback(const c10::OperatorHandle& op) {
   }
 }
 
-void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKernel cpu_kernel) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
   const size_t num_args = arguments.size();
@@ -217,8 +223,12 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   HostAliasScope scope;
   c10::SmallVector<AliasedArg, 4> aliased;
-  auto alias = [&](const at::Tensor& t, bool written) {
-    if (!is_device_tensor(t)) return t;
+  const c10::Argument* cpu_operand = nullptr;  // a CPU tensor that is not a 0-dim scalar
+  auto alias = [&](const at::Tensor& t, bool written, const c10::Argument& arg) {
+    if (!is_device_tensor(t)) {
+      if (t.defined() && t.device().is_cpu() && t.dim() > 0 && cpu_operand == nullptr) cpu_operand = &arg;
+      return t;
+    }
     at::Tensor cpu = scope.to_cpu(t);
     aliased.push_back({t, cpu, written});
     return cpu;
@@ -228,15 +238,17 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     c10::IValue& value = (*stack)[first + i];
     const bool written = is_write(arguments[i]);
     if (value.isTensor()) {
-      value = alias(value.toTensor(), written);
+      value = alias(value.toTensor(), written, arguments[i]);
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> cpu_list;
-      for (const at::Tensor& t : value.toTensorList()) cpu_list.push_back(alias(t, written));
+      for (const at::Tensor& t : value.toTensorList()) cpu_list.push_back(alias(t, written, arguments[i]));
       value = std::move(cpu_list);
     } else if (value.isOptionalTensorList()) {
+      // Indices (Tensor?[]) may live on the CPU, as PyTorch allows on any device.
+      static const c10::Argument kIndices("indices");
       c10::List<std::optional<at::Tensor>> cpu_list;
       for (const c10::IValue& item : value.toListRef()) {
-        cpu_list.push_back(item.isTensor() ? std::optional<at::Tensor>(alias(item.toTensor(), written))
+        cpu_list.push_back(item.isTensor() ? std::optional<at::Tensor>(alias(item.toTensor(), written, kIndices))
                                            : std::nullopt);
       }
       value = std::move(cpu_list);
@@ -249,7 +261,16 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  TORCH_CHECK(cpu_operand == nullptr || aliased.empty() || cpu_operand->name() == "indices",
+              "Expected all tensors to be on the same device, but found at least two devices, max_device:0 "
+              "and cpu! (argument '", cpu_operand ? cpu_operand->name() : "", "' of ", c10::toString(op.operator_name()),
+              ")");
+
+  if (cpu_kernel != nullptr) {
+    cpu_kernel(stack);
+  } else {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
 
   scope.commit();
   for (const auto& arg : aliased) {
@@ -268,10 +289,50 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+namespace {
+
+// PyTorch sends convolutions on devices other than the CPU and CUDA to
+// convolution_overrideable, whose default kernel only throws: max_device
+// runs them as the CPU's convolution, zero copy like every fallback.
+void cpu_convolution(torch::jit::Stack* stack) {
+  auto a = torch::jit::pop(*stack, 9);
+  torch::jit::push(*stack, at::convolution(a[0].toTensor(), a[1].toTensor(), a[2].toOptional<at::Tensor>(),
+                                           a[3].toIntVector(), a[4].toIntVector(), a[5].toIntVector(),
+                                           a[6].toBool(), a[7].toIntVector(), a[8].toInt()));
+}
+
+void cpu_convolution_backward(torch::jit::Stack* stack) {
+  auto a = torch::jit::pop(*stack, 10);
+  const at::Tensor& weight = a[2].toTensor();
+  const bool transposed = a[6].toBool();
+  const int64_t groups = a[8].toInt();
+  const auto mask = a[9].to<std::array<bool, 3>>();
+  const std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
+      a[0].toTensor(), a[1].toTensor(), weight, mask[2] ? std::optional<at::IntArrayRef>(bias_sizes) : std::nullopt,
+      a[3].toIntVector(), a[4].toIntVector(), a[5].toIntVector(), transposed, a[7].toIntVector(), groups, mask);
+  torch::jit::push(*stack, grad_input, grad_weight, grad_bias);
+}
+
+template <CpuKernel kernel>
+void fallback_via(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  note_fallback(op);
+  run_cpu_kernel(op, stack, kernel);
+}
+
+}  // namespace
+
 void register_fallback(torch::Library& m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
+}
+
+void register_renamed_cpu_kernels(torch::Library& m) {
+  m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&fallback_via<&cpu_convolution>>());
+  m.impl("convolution_backward_overrideable",
+         torch::CppFunction::makeFromBoxedFunction<&fallback_via<&cpu_convolution_backward>>());
 }
 
 }  // namespace maxdev::dispatch
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { maxdev::dispatch::register_fallback(m); }
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { maxdev::dispatch::register_renamed_cpu_kernels(m); }

@@ -13,8 +13,12 @@
 
 namespace maxdev::dispatch {
 
-// Run the CPU kernel of `op` on the arguments on `stack`, zero copy.
-void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Run the CPU kernel of `op` on the arguments on `stack`, zero copy:
+// PyTorch's CPU kernel of `op`, or `cpu_kernel` (for ops whose CPU
+// implementation lives under another name) on the CPU aliases.
+using CpuKernel = void (*)(torch::jit::Stack* stack);
+void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    CpuKernel cpu_kernel = nullptr);
 
 enum class FallbackPolicy : int8_t { allow = 0, warn = 1, error = 2 };
 

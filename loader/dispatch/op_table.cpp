@@ -16,7 +16,8 @@ constexpr const char* kNativeOps[] = {
     "aten::empty.memory_format", "aten::empty_strided", "aten::as_strided", "aten::view",
     "aten::_reshape_alias", "aten::resize_", "aten::set_", "aten::set_.source_Storage",
     "aten::set_.source_Storage_storage_offset", "aten::set_.source_Tensor", "aten::_copy_from",
-    "aten::_copy_from_and_resize", "aten::_local_scalar_dense"};
+    "aten::_copy_from_and_resize", "aten::_local_scalar_dense", "aten::convolution_overrideable",
+    "aten::convolution_backward_overrideable"};
 
 class Trampoline final : public c10::OperatorKernel {
  public:

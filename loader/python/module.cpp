@@ -77,13 +77,11 @@ void bind_log(py::module_& m) {
   });
   m.def("_log_level", &log::level);
   m.def("_log", [](const std::string& level, const std::string& message) {
-    static const std::pair<const char*, log::Level> kLevels[] = {
-        {"trace", log::Level::trace}, {"debug", log::Level::debug}, {"info", log::Level::info},
-        {"warn", log::Level::warn},   {"error", log::Level::error}};
-    for (const auto& [name, value] : kLevels) {
-      if (level == name) return log::write(value, message);
+    try {
+      log::write(log::parse_level(level), message);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
     }
-    throw py::value_error("unknown log level '" + level + "'");
   });
 }
 

@@ -75,14 +75,6 @@ def test_mixed_device_operands_tensor_iterator():
         torch.ones(2) * d(torch.ones(2))
 
 
-MIXED_DEVICES_REASON = (
-    "loader bug: the zero-copy fallback aliases every max_device argument as a CPU tensor without "
-    "checking that the op's tensors share a device, so ops whose CPU kernel has no same-device check "
-    "(mm, cat, where, index_select, ...) accept CPU + max_device operands; torch.mm(cpu, dev) even "
-    "returns a CPU tensor. PyTorch (CUDA) raises 'Expected all tensors to be on the same device'")
-
-
-@pytest.mark.xfail(strict=True, reason=MIXED_DEVICES_REASON)
 @pytest.mark.parametrize("fn", [
     lambda a, c: torch.mm(a, c),
     lambda a, c: torch.mm(c, a),

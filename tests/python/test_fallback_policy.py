@@ -183,10 +183,6 @@ def test_env_var_bad_entry_is_reported_and_ignored():
     assert "MAX_DEVICE_FALLBACK" in r.stderr and "bogus" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "design bug: per-op policies match the exact overload name, but structured ops (mm, add, sum, ...) "
-    "reach the fallback only as their .out overload, so the documented example "
-    "MAX_DEVICE_FALLBACK=warn,aten::mm=error (fallback.py docstring) never refuses torch.mm"))
 def test_env_var_base_op_name_covers_its_overloads():
     r = env_run("aten::mm")
     assert r.returncode == 0, r.stderr

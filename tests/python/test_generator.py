@@ -111,10 +111,6 @@ def test_default_generator_object():
     assert isinstance(torch.max_device.initial_seed(), int)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "loader gap: the fallback passes a CPU generator straight to the CPU kernel "
-    "(generator.cpp cpu_engine returns non-device generators unchanged), so a max_device op accepts "
-    "torch.Generator() (CPU); PyTorch (CUDA) raises 'Expected a 'cuda' device type for generator'"))
 def test_cpu_generator_refused_for_device_op():
     with pytest.raises(RuntimeError, match="generator"):
         torch.randn(3, generator=torch.Generator(), device=DEVICE)

@@ -48,11 +48,6 @@ VIEW_AND_SHAPE_OPS = {
 
 _OPINFO_CLASSES = (UnaryUfuncInfo, BinaryUfuncInfo, ReductionOpInfo, ShapeFuncInfo)
 
-RESIZED_ALIAS_IS_DEVICE = (
-    "loader bug: a CPU kernel that resizes an empty out= tensor and then takes views of it fails; "
-    "the alias storage gets the device allocator, so the grown DataPtr is max_device and CPU views "
-    "of the alias report max_device ('Expected all tensors to be on the same device')")
-
 # OpInfos in the selection that claim CPU dtypes but cannot run on the CPU at
 # all (CUDA-only jiterator): not generated, like any op without CPU support.
 CPU_UNSUPPORTED = {"jiterator_unary", "jiterator_binary", "jiterator_binary_return_by_ref",
@@ -66,7 +61,6 @@ ARGS_KEPT_ON_CPU = {"tensor_split": {0}}
 # or (op id, dtype name) -> reason for one dtype, or (op id, "error_inputs").
 KNOWN_FAILURES = {
     "chalf": "by design: max_device refuses complex32 (ComplexHalf) tensors (ops.cpp check_options)",
-    "masked.logsumexp": RESIZED_ALIAS_IS_DEVICE + " (torch.logsumexp -> logsumexp.out -> sum.IntList_out)",
     ("narrow_copy", "error_inputs"): (
         "PyTorch divergence, not a loader bug: narrow_copy's CompositeExplicitAutogradNonFunctional "
         "kernel (narrow + clone, what CUDA runs too) wins over the fallback and raises IndexError for "

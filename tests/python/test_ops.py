@@ -5,14 +5,6 @@ import max_device
 
 DEVICE = "max_device"
 
-# Diagnosis of the loader bug behind several xfails below (see the report).
-RESIZED_ALIAS_IS_DEVICE = (
-    "loader bug: when a CPU kernel resizes an out= alias (host_alias.cpp alias_storage gives the alias "
-    "the device allocator), the new DataPtr carries device max_device; views the CPU kernel then makes "
-    "of the alias (select/as_strided/view take device_opt_ from storage.device()) report max_device, "
-    "and TensorIterator's same-device check fails: 'Expected all tensors to be on the same device'")
-
-
 def pair(*shape, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*shape, generator=g).to(dtype)
@@ -34,8 +26,7 @@ def check(got, want, **kw):
     ("std", lambda t: t.std(0)),
     ("var_mean", lambda t: torch.var_mean(t, 2)[0]),
     ("norm", lambda t: t.norm()),
-    pytest.param("logsumexp", lambda t: t.logsumexp(1),
-                 marks=pytest.mark.xfail(strict=True, reason=RESIZED_ALIAS_IS_DEVICE)),
+    ("logsumexp", lambda t: t.logsumexp(1)),
     ("cumsum", lambda t: t.cumsum(2)),
     ("argmax", lambda t: t.argmax(1)),
     ("max_dim_values", lambda t: t.max(1).values),
@@ -131,7 +122,6 @@ def test_out_variant_resize_without_views():
     check(out2, x.t() @ x)
 
 
-@pytest.mark.xfail(strict=True, reason=RESIZED_ALIAS_IS_DEVICE)
 def test_out_variant_resize_index_select():
     x, dx = pair(5, 3)
     idx = torch.tensor([4, 0, 2])
@@ -140,7 +130,6 @@ def test_out_variant_resize_index_select():
     check(out, torch.index_select(x, 0, idx))
 
 
-@pytest.mark.xfail(strict=True, reason=RESIZED_ALIAS_IS_DEVICE)
 def test_out_variant_resize_sum_dim():
     x, dx = pair(4, 5)
     out = torch.empty(0, device=DEVICE)
@@ -269,10 +258,6 @@ def test_results_are_device_tensors_and_fallback_counted():
     assert max_device.fallback_counts().get("aten::index_select", 0) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason=(
-    "implementation gap: aten::convolution_overrideable (and convolution_backward_overrideable) has a "
-    "CompositeExplicitAutograd kernel that throws, which wins over the PrivateUse1 backend fallback; "
-    "_convolution routes every PrivateUse1 tensor there, so conv needs a native max_device kernel"))
 def test_conv2d():
     x, d = pair(2, 3, 8, 8)
     w, dw = pair(4, 3, 3, 3, seed=1)

@@ -50,10 +50,6 @@ def test_model_parameters_live_on_device():
     cpu_model.load_state_dict({k: v.cpu() for k, v in sd.items()})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "loader bug: aten::native_dropout has no generator argument; through the zero-copy fallback its "
-    "CPU kernel draws from the CPU default generator (bernoulli_ on a CPU alias), so "
-    "torch.max_device.manual_seed does not make dropout reproducible (torch.default_generator does)"))
 def test_dropout_reproducible_with_device_seed():
     x = torch.ones(1000, device=DEVICE)
     torch.max_device.manual_seed(7)
