@@ -40,6 +40,9 @@ $(BUILD)/Makefile: $(STAMPS)/venv CMakeLists.txt
 
 build: $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
+	@# The plugin SDK (header + CMake package) inside the Python package, for
+	@# `python -m max_device --cmake-dir`.
+	@cmake --install $(BUILD) --component plugin_api --prefix python/max_device/sdk >/dev/null
 
 demo: build
 	$(PY) examples/demo.py
@@ -48,7 +51,7 @@ test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-python: build
-	$(PY) -m pytest tests/python -q -ra
+	MAXDEV_BUILD_DIR=$(CURDIR)/$(BUILD) $(PY) -m pytest tests/python -q -ra
 
 test: test-cpp test-python
 
@@ -56,4 +59,4 @@ bench: build
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(BUILD) python/max_device/_C*.so python/max_device/libmax_device_loader.so
+	rm -rf $(BUILD) python/max_device/_C*.so python/max_device/libmax_device_loader.so python/max_device/sdk
