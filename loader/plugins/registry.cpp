@@ -18,24 +18,10 @@ namespace maxdev::plugins {
 
 using dispatch::OpTable;
 
-struct PluginRegistry::Loaded {
-  PluginInfo info;
-  Snapshot snapshot;
-  std::shared_ptr<PluginLibrary> library;
-  std::shared_ptr<dispatch::KernelOwner> owner;
-  // (slot index, provider) for every kernel, in definition order.
-  std::vector<std::pair<size_t, std::shared_ptr<dispatch::Provider>>> providers;
-};
-
-// An op a plugin defined: its schema lives as long as some plugin serves it.
-struct PluginRegistry::CustomOp {
-  std::string name;    // "myplug::rms_norm"
-  std::string schema;  // as the plugin wrote it
-  std::unique_ptr<torch::Library> definition;
-  std::set<std::string> users;  // plugins serving it
-};
-
 namespace {
+
+// Older versions kept mapped for rollback; beyond this they are released.
+constexpr size_t kKeptVersions = 2;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -62,6 +48,43 @@ bool namespace_has_foreign_ops(const std::string& ns, const std::set<std::string
 
 }  // namespace
 
+// One opened build of a plugin and the providers made from it.
+struct PluginRegistry::Version {
+  PluginInfo info;
+  Snapshot snapshot;
+  std::shared_ptr<PluginLibrary> library;
+  std::vector<std::pair<std::string, std::shared_ptr<dispatch::Provider>>> providers;  // (op, provider)
+};
+
+struct PluginRegistry::Plugin {
+  std::string name;
+  std::shared_ptr<Version> current;
+  std::deque<std::shared_ptr<Version>> previous;  // oldest first
+  int64_t next_generation = 1;
+};
+
+struct PluginRegistry::Override {
+  uint64_t token;
+  std::string op;
+  std::shared_ptr<dispatch::Provider> provider;
+};
+
+// An op a plugin defined: its schema lives as long as some plugin serves it.
+struct PluginRegistry::CustomOp {
+  std::string name;    // "myplug::rms_norm"
+  std::string schema;  // as the plugin wrote it
+  std::unique_ptr<torch::Library> definition;
+  std::set<std::string> users;  // plugins serving it
+};
+
+// A version checked and opened but not yet visible.
+struct PluginRegistry::Prepared {
+  std::shared_ptr<Version> version;
+  std::vector<const KernelManifest*> to_define;
+  Manifest manifest;
+  std::chrono::steady_clock::time_point started;
+};
+
 PluginRegistry& PluginRegistry::instance() {
   static PluginRegistry registry;
   return registry;
@@ -75,35 +98,36 @@ Manifest PluginRegistry::inspect(const std::string& path) {
   return read_manifest(path, ctx);
 }
 
-PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std::string>& name) {
-  std::lock_guard lock(mutex_);
-  const auto started = std::chrono::steady_clock::now();
-  ErrorContext ctx{path, ""};
-
-  Snapshot snapshot = take_snapshot(path, ctx);
-  struct SnapshotGuard {
-    Snapshot* snap;
-    ~SnapshotGuard() {
-      if (snap) remove_snapshot(*snap);
-    }
-  } snapshot_guard{&snapshot};
-
-  Manifest manifest = read_manifest(snapshot.path, ctx);
-  ctx.plugin = name.value_or(manifest.name);
-  static const std::regex kName("[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}");
-  if (!std::regex_match(ctx.plugin, kName)) {
-    ctx.fail(ErrorKind::manifest, "plugin name must be 1-64 characters of [A-Za-z0-9_.-]");
+PluginRegistry::Plugin& PluginRegistry::find(const std::string& name) {
+  for (auto& p : plugins_) {
+    if (p->name == name) return *p;
   }
-  for (const auto& l : loaded_) {
-    if (l->info.name == ctx.plugin) {
-      ctx.fail(ErrorKind::state, "a plugin named '" + ctx.plugin +
-                                     "' is already loaded; unload it first or load with another name=");
+  throw PluginError(ErrorKind::state, "", name, "", "no plugin of this name is loaded");
+}
+
+PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const std::string& name) {
+  Prepared prepared;
+  prepared.started = std::chrono::steady_clock::now();
+  ErrorContext ctx{path, name};
+
+  auto version = std::make_shared<Version>();
+  version->snapshot = take_snapshot(path, ctx);
+  struct SnapshotGuard {
+    Version* v;
+    ~SnapshotGuard() {
+      if (v) remove_snapshot(v->snapshot);
     }
+  } snapshot_guard{version.get()};
+
+  prepared.manifest = read_manifest(version->snapshot.path, ctx);
+  const Manifest& manifest = prepared.manifest;
+  static const std::regex kName("[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}");
+  if (!std::regex_match(name, kName)) {
+    ctx.fail(ErrorKind::manifest, "plugin name must be 1-64 characters of [A-Za-z0-9_.-]");
   }
 
   // Every op is checked before anything is registered.
   std::set<std::string> seen;
-  std::vector<const KernelManifest*> to_define;
   for (const auto& k : manifest.kernels) {
     if (!seen.insert(k.op).second) ctx.fail(ErrorKind::manifest, "the plugin lists this op twice", k.op);
     const auto sep = k.op.find("::");
@@ -111,12 +135,15 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
       ctx.fail(ErrorKind::schema, "op names are 'namespace::name[.overload]'", k.op);
     }
     const std::string ns = k.op.substr(0, sep);
-    if (k.schema.empty()) {
+    auto check_servable = [&] {
       try {
         OpTable::instance().check(k.op);
       } catch (const std::invalid_argument& e) {
         ctx.fail(ErrorKind::schema, e.what(), k.op);
       }
+    };
+    if (k.schema.empty()) {
+      check_servable();
       continue;
     }
     // A schema: either the op's existing schema restated, or a new op.
@@ -131,27 +158,25 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
       ctx.fail(ErrorKind::schema, "the schema names another op (" + qualified(parsed.operator_name()) + ")", k.op);
     }
     auto existing = c10::Dispatcher::singleton().findSchema(parsed.operator_name());
-    auto ours = std::find_if(custom_ops_.begin(), custom_ops_.end(),
-                             [&](const auto& c) { return c->name == k.op; });
     if (existing) {
       if (c10::toString(existing->schema()) != c10::toString(parsed)) {
+        auto ours = std::find_if(custom_ops_.begin(), custom_ops_.end(),
+                                 [&](const auto& c) { return c->name == k.op; });
+        std::string hint;
+        if (ours != custom_ops_.end()) {
+          hint = " (defined by plugin '" + *(*ours)->users.begin() + "'; unload it first to change the schema)";
+        }
         ctx.fail(ErrorKind::schema,
                  "schema '" + k.schema + "' contradicts the registered schema '" +
-                     c10::toString(existing->schema()) +
-                     "'" + (ours != custom_ops_.end() ? " (defined by plugin '" + *(*ours)->users.begin() +
-                                                            "'; unload it first to change the schema)"
-                                                      : ""),
+                     c10::toString(existing->schema()) + "'" + hint,
                  k.op);
       }
-      try {
-        OpTable::instance().check(k.op);
-      } catch (const std::invalid_argument& e) {
-        ctx.fail(ErrorKind::schema, e.what(), k.op);
-      }
+      check_servable();
       continue;
     }
     if (kReservedNamespaces.count(ns) != 0) {
-      ctx.fail(ErrorKind::schema, "namespace '" + ns + "' belongs to PyTorch; define ops in your own namespace", k.op);
+      ctx.fail(ErrorKind::schema, "namespace '" + ns + "' belongs to PyTorch; define ops in your own namespace",
+               k.op);
     }
     std::set<std::string> ours_names;
     for (const auto& c : custom_ops_) ours_names.insert(c->name);
@@ -160,89 +185,185 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
     }
     auto plan = dispatch::plan_signature(parsed);
     if (!plan.signature) ctx.fail(ErrorKind::schema, "cannot be served by a plugin: " + plan.why_not, k.op);
-    to_define.push_back(&k);
+    prepared.to_define.push_back(&k);
   }
 
   // Opening runs the plugin's constructors: the first plugin code to run.
-  auto library = std::make_shared<PluginLibrary>(snapshot.path, manifest, ctx);
-
+  version->library = std::make_shared<PluginLibrary>(version->snapshot.path, manifest, ctx);
   maxdev_host_context init_ctx;
-  init_ctx.plugin = &ctx.plugin;
-  library->init(dispatch::host_api(), &init_ctx, ctx);
+  init_ctx.plugin = &name;
+  version->library->init(dispatch::host_api(), &init_ctx, ctx);
 
-  auto loaded = std::make_shared<Loaded>();
-  loaded->snapshot = snapshot;
-  loaded->library = library;
-  auto owner = std::make_shared<dispatch::KernelOwner>();
-  owner->plugin = ctx.plugin;
-  owner->owner = ctx.plugin + "@" + manifest.version;
-  owner->file = path;
-  owner->state = library->state();
-  owner->keep_alive = library;
-  loaded->owner = owner;
+  PluginInfo& info = version->info;
+  info.name = name;
+  info.version = manifest.version;
+  info.path = path;
+  info.snapshot = version->snapshot.path;
+  info.sha256 = version->snapshot.sha256;
+  info.abi_major = manifest.abi_major;
+  info.abi_minor = manifest.abi_minor;
+  snapshot_guard.v = nullptr;  // the version owns its snapshot from here
+  prepared.version = std::move(version);
+  return prepared;
+}
 
-  // From here on nothing can fail for a reason of the plugin's making.
-  for (const KernelManifest* k : to_define) {
+std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepared) {
+  // Nothing here can fail for a reason of the plugin's making: prepare()
+  // checked every op.
+  Version& v = *prepared.version;
+  for (const KernelManifest* k : prepared.to_define) {
     auto custom = std::make_unique<CustomOp>();
     custom->name = k->op;
     custom->schema = k->schema;
     const auto ns = k->op.substr(0, k->op.find("::"));
-    custom->definition = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt,
-                                                          __FILE__, __LINE__);
+    custom->definition =
+        std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
     custom->definition->def(k->schema.c_str());
     custom_ops_.push_back(std::move(custom));
+    v.info.defines.push_back(k->op);
   }
-  auto table = OpTable::instance().copy_current();
-  const auto& def = library->def();
+  auto owner = std::make_shared<dispatch::KernelOwner>();
+  owner->plugin = v.info.name;
+  owner->owner = v.info.name + "@" + v.info.version;
+  owner->file = v.info.path;
+  owner->state = v.library->state();
+  owner->keep_alive = v.library;
+  const auto& def = v.library->def();
   for (int64_t i = 0; i < def.num_kernels; ++i) {
     const maxdev_kernel_def& kernel = def.kernels[i];
-    dispatch::OpSlot& slot = OpTable::instance().slot(kernel.op);
-    if (table->stacks.size() <= slot.index) table->stacks.resize(slot.index + 1);
-    auto provider = std::make_shared<dispatch::KernelProvider>(owner, kernel);
-    table->stacks[slot.index].push_back(provider);
-    loaded->providers.emplace_back(slot.index, provider);
-    loaded->info.ops.push_back(kernel.op);
+    OpTable::instance().slot(kernel.op);  // registers the trampoline on first use
+    v.providers.emplace_back(kernel.op, std::make_shared<dispatch::KernelProvider>(owner, kernel));
+    v.info.ops.push_back(kernel.op);
     for (auto& c : custom_ops_) {
-      if (c->name == kernel.op) c->users.insert(ctx.plugin);
+      if (c->name == kernel.op) c->users.insert(v.info.name);
     }
   }
-  for (const KernelManifest* k : to_define) loaded->info.defines.push_back(k->op);
-  OpTable::instance().publish(std::move(table));
+  return prepared.version;
+}
 
-  snapshot_guard.snap = nullptr;  // the snapshot now belongs to the loaded plugin
-  PluginInfo& info = loaded->info;
-  info.name = ctx.plugin;
-  info.version = manifest.version;
-  info.path = path;
-  info.snapshot = snapshot.path;
-  info.sha256 = snapshot.sha256;
-  info.abi_major = manifest.abi_major;
-  info.abi_minor = manifest.abi_minor;
+void PluginRegistry::publish() {
+  auto table = std::make_unique<dispatch::DispatchTable>();
+  auto push = [&](const std::string& op, const std::shared_ptr<dispatch::Provider>& provider) {
+    const size_t index = OpTable::instance().slot(op).index;
+    if (table->stacks.size() <= index) table->stacks.resize(index + 1);
+    table->stacks[index].push_back(provider);
+  };
+  for (const auto& p : plugins_) {
+    for (const auto& [op, provider] : p->current->providers) push(op, provider);
+  }
+  for (const auto& o : overrides_) push(o.op, o.provider);
+  OpTable::instance().publish(std::move(table));  // returns once no call sees the old table
+}
+
+void PluginRegistry::close_versions(std::vector<std::shared_ptr<Version>> versions, bool* all_unmapped) {
+  for (auto& v : versions) {
+    v->providers.clear();
+    const bool unmapped = v->library->close();
+    remove_snapshot(v->snapshot);
+    if (!unmapped) {
+      log::warn("plugin '" + v->info.name + "' " + v->info.version + ": its library is still mapped (" +
+                v->info.snapshot + ") after dlclose: it holds GNU unique symbols or thread_local "
+                "destructors; its code stays in memory");
+    }
+    if (all_unmapped != nullptr) *all_unmapped = *all_unmapped && unmapped;
+  }
+}
+
+PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std::string>& name) {
+  std::lock_guard lock(mutex_);
+  // The name comes from the manifest unless given; read it once up front.
+  std::string registered = name.value_or("");
+  if (registered.empty()) registered = read_manifest(path, ErrorContext{path, ""}).name;
+  for (const auto& p : plugins_) {
+    if (p->name == registered) {
+      throw PluginError(ErrorKind::state, path, registered, "",
+                        "a plugin of this name is already loaded; reload it, unload it first, or load "
+                        "with another name=");
+    }
+  }
+  Prepared prepared = prepare(path, registered);
+  const auto started = prepared.started;
+  auto plugin = std::make_unique<Plugin>();
+  plugin->name = registered;
+  plugin->current = commit(std::move(prepared));
+  plugin->current->info.generation = plugin->next_generation++;
+  plugins_.push_back(std::move(plugin));
+  publish();
+  PluginInfo& info = plugins_.back()->current->info;
   info.loaded_at_ns = now_ns();
-  info.load_duration_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::steady_clock::now() - started)
-                              .count();
-  loaded_.push_back(loaded);
+  info.load_duration_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
   log::info("loaded plugin '" + info.name + "' " + info.version + " from " + path + " (" +
             std::to_string(info.ops.size()) + " ops, sha256 " + info.sha256.substr(0, 12) + ")");
   return info;
 }
 
+PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& options) {
+  std::lock_guard lock(mutex_);
+  Plugin& plugin = find(name);
+  const std::string path = options.path.value_or(plugin.current->info.path);
+  Prepared prepared;
+  try {
+    prepared = prepare(path, name);
+  } catch (const PluginError& e) {
+    log::error("reload of plugin '" + name + "' refused; version " + plugin.current->info.version +
+               " keeps serving: " + e.what());
+    throw;
+  }
+  if (prepared.version->info.sha256 == plugin.current->info.sha256 && !options.force) {
+    close_versions({prepared.version}, nullptr);  // identical content: nothing to do
+    log::debug("reload of plugin '" + name + "': content unchanged, nothing to do");
+    return plugin.current->info;
+  }
+  const auto started = prepared.started;
+  std::shared_ptr<Version> fresh = commit(std::move(prepared));
+  fresh->info.generation = plugin.next_generation++;
+  plugin.previous.push_back(plugin.current);
+  plugin.current = fresh;
+  publish();
+  std::vector<std::shared_ptr<Version>> released;
+  while (plugin.previous.size() > kKeptVersions) {
+    released.push_back(plugin.previous.front());
+    plugin.previous.pop_front();
+  }
+  close_versions(std::move(released), nullptr);
+  PluginInfo& info = fresh->info;
+  info.loaded_at_ns = now_ns();
+  info.load_duration_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
+  info.previous_versions = static_cast<int64_t>(plugin.previous.size());
+  log::info("reloaded plugin '" + name + "': " + plugin.previous.back()->info.version + " -> " + info.version +
+            " (generation " + std::to_string(info.generation) + ", sha256 " + info.sha256.substr(0, 12) + ", " +
+            std::to_string(info.load_duration_ns / 1000) + " us)");
+  return info;
+}
+
+PluginInfo PluginRegistry::rollback(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  Plugin& plugin = find(name);
+  if (plugin.previous.empty()) {
+    throw PluginError(ErrorKind::state, plugin.current->info.path, name, "",
+                      "no previous version is still mapped to roll back to");
+  }
+  std::shared_ptr<Version> undone = plugin.current;
+  plugin.current = plugin.previous.back();
+  plugin.previous.pop_back();
+  publish();
+  close_versions({undone}, nullptr);  // a rolled-back version is not kept
+  plugin.current->info.previous_versions = static_cast<int64_t>(plugin.previous.size());
+  log::info("rolled back plugin '" + name + "': " + undone->info.version + " (generation " +
+            std::to_string(undone->info.generation) + ") -> " + plugin.current->info.version + " (generation " +
+            std::to_string(plugin.current->info.generation) + ")");
+  return plugin.current->info;
+}
+
 UnloadReport PluginRegistry::unload(const std::string& name) {
   std::lock_guard lock(mutex_);
-  auto it = std::find_if(loaded_.begin(), loaded_.end(), [&](const auto& l) { return l->info.name == name; });
-  if (it == loaded_.end()) {
-    throw PluginError(ErrorKind::state, "", name, "", "no plugin of this name is loaded");
-  }
-  std::shared_ptr<Loaded> loaded = *it;
-
-  auto table = OpTable::instance().copy_current();
-  for (const auto& [index, provider] : loaded->providers) {
-    auto& stack = table->stacks[index];
-    stack.erase(std::remove(stack.begin(), stack.end(), provider), stack.end());
-  }
-  OpTable::instance().publish(std::move(table));  // returns once no call can reach the plugin
-  loaded_.erase(it);
+  Plugin& plugin = find(name);
+  auto it = std::find_if(plugins_.begin(), plugins_.end(), [&](const auto& p) { return p.get() == &plugin; });
+  std::unique_ptr<Plugin> removed = std::move(*it);
+  plugins_.erase(it);
+  publish();  // returns once no call can reach the plugin
 
   for (auto c = custom_ops_.begin(); c != custom_ops_.end();) {
     (*c)->users.erase(name);
@@ -253,25 +374,53 @@ UnloadReport PluginRegistry::unload(const std::string& name) {
       ++c;
     }
   }
-
   UnloadReport report{name, true};
-  loaded->providers.clear();
-  loaded->owner.reset();
-  report.unmapped = loaded->library->close();
-  remove_snapshot(loaded->snapshot);
-  if (report.unmapped) {
-    log::info("unloaded plugin '" + name + "'");
-  } else {
-    log::warn("unloaded plugin '" + name + "', but its library is still mapped (" + loaded->info.snapshot +
-              "): it holds GNU unique symbols or thread_local destructors; its code stays in memory");
-  }
+  std::vector<std::shared_ptr<Version>> versions(removed->previous.begin(), removed->previous.end());
+  versions.push_back(removed->current);
+  close_versions(std::move(versions), &report.unmapped);
+  log::info("unloaded plugin '" + name + "'" + (report.unmapped ? "" : " (its library is still mapped)"));
   return report;
+}
+
+uint64_t PluginRegistry::push_override(const std::string& op, std::shared_ptr<dispatch::Provider> provider) {
+  std::lock_guard lock(mutex_);
+  try {
+    OpTable::instance().slot(op);
+  } catch (const std::invalid_argument& e) {
+    throw PluginError(ErrorKind::schema, "", "", op, std::string("cannot be overridden: ") + e.what());
+  }
+  const uint64_t token = next_token_++;
+  overrides_.push_back({token, op, std::move(provider)});
+  publish();
+  return token;
+}
+
+bool PluginRegistry::remove_override(uint64_t token) {
+  std::lock_guard lock(mutex_);
+  auto it = std::find_if(overrides_.begin(), overrides_.end(), [&](const auto& o) { return o.token == token; });
+  if (it == overrides_.end()) return false;
+  overrides_.erase(it);
+  publish();
+  return true;
+}
+
+size_t PluginRegistry::restore(const std::string& op) {
+  std::lock_guard lock(mutex_);
+  const size_t before = overrides_.size();
+  overrides_.erase(std::remove_if(overrides_.begin(), overrides_.end(), [&](const auto& o) { return o.op == op; }),
+                   overrides_.end());
+  const size_t removed = before - overrides_.size();
+  if (removed > 0) publish();
+  return removed;
 }
 
 std::vector<PluginInfo> PluginRegistry::plugins() const {
   std::lock_guard lock(mutex_);
   std::vector<PluginInfo> out;
-  for (const auto& l : loaded_) out.push_back(l->info);
+  for (const auto& p : plugins_) {
+    out.push_back(p->current->info);
+    out.back().previous_versions = static_cast<int64_t>(p->previous.size());
+  }
   return out;
 }
 

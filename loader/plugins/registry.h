@@ -1,13 +1,17 @@
-// Loading and unloading plugins, all or nothing.
+// Loading, reloading and unloading plugins, and Python overrides, all or
+// nothing.
 //
-// load: snapshot -> manifest -> open + negotiate -> check every op ->
-// define custom ops -> init -> publish (one table swap). Until publish
-// nothing is visible; any failure undoes what this load created.
-// unload: publish a table without the plugin, wait until no call can see
-// it, remove the custom ops only it served, teardown, dlclose, verify.
+// Every change prepares what it needs (snapshot -> manifest -> checks ->
+// open + negotiate -> init), then publishes one new dispatch table built
+// from the plugins in load order (later on top) and the overrides above
+// them. Until publish nothing is visible; any failure before it undoes what
+// the change created. Versions a change retires are released once no call
+// can still be inside them; a reload keeps the previous versions mapped for
+// rollback().
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,37 +20,48 @@
 
 #include "plugins/manifest.h"
 
+namespace maxdev::dispatch {
+class Provider;
+}
+
 namespace maxdev::plugins {
 
 struct PluginInfo {
   std::string name;
   std::string version;
-  std::string path;      // what the user asked to load
+  std::string path;      // what the user asked to load (last reload's path)
   std::string snapshot;  // the private copy that is mapped
   std::string sha256;
   uint32_t abi_major = 0, abi_minor = 0;
   std::vector<std::string> ops;      // every op it serves
   std::vector<std::string> defines;  // ops it defines (schemas in its namespace)
-  int64_t loaded_at_ns = 0;          // wall clock
-  int64_t load_duration_ns = 0;
+  int64_t generation = 0;            // 1 at load, +1 per reload that published
+  int64_t loaded_at_ns = 0;          // wall clock, when this version was published
+  int64_t load_duration_ns = 0;      // snapshot to publish, for this version
+  int64_t previous_versions = 0;     // older versions still mapped (rollback targets)
 };
 
 struct UnloadReport {
   std::string name;
-  bool unmapped = true;  // the image really left the process
+  bool unmapped = true;  // every image of the plugin really left the process
 };
 
 struct OpLayer {
-  std::string owner;  // "reference@1.0.0"
-  std::string kind;   // "plugin"
+  std::string owner;  // "reference@1.0.0", "override:<name>"
+  std::string kind;   // "plugin", "override"
   int64_t calls = 0;
   int64_t declines = 0;
 };
 
 struct OpReport {
   std::string op;
-  std::vector<OpLayer> layers;  // bottom to top; the top is active
+  std::vector<OpLayer> layers;  // bottom to top; the top is tried first
   int64_t fallbacks = 0;        // calls that fell through to the CPU
+};
+
+struct ReloadOptions {
+  std::optional<std::string> path;  // default: the path of the current version
+  bool force = false;               // reload even if the content is unchanged
 };
 
 class PluginRegistry {
@@ -54,22 +69,45 @@ class PluginRegistry {
   static PluginRegistry& instance();
 
   PluginInfo load(const std::string& path, const std::optional<std::string>& name);
+  // Replaces the plugin's current version with a new build, atomically.
+  // Unchanged content (same SHA-256) is a no-op unless forced.
+  PluginInfo reload(const std::string& name, const ReloadOptions& options);
+  // Returns to the previous version (still mapped).
+  PluginInfo rollback(const std::string& name);
   UnloadReport unload(const std::string& name);
   std::vector<PluginInfo> plugins() const;
   std::vector<OpReport> ops() const;
+
+  // A provider above every plugin for `op`; returns a token for removal.
+  uint64_t push_override(const std::string& op, std::shared_ptr<dispatch::Provider> provider);
+  // Removes one override (false if the token is unknown).
+  bool remove_override(uint64_t token);
+  // Removes every override of `op`; returns how many.
+  size_t restore(const std::string& op);
 
   // The manifest of a file, without loading it (no plugin code runs).
   static Manifest inspect(const std::string& path);
 
  private:
-  struct Loaded;
+  struct Version;
+  struct Plugin;
+  struct Override;
   struct CustomOp;
+  struct Prepared;
   PluginRegistry();
   ~PluginRegistry();
 
-  mutable std::mutex mutex_;  // serializes writers; readers of the listing
-  std::vector<std::shared_ptr<Loaded>> loaded_;  // load order: later on top
+  Prepared prepare(const std::string& path, const std::string& name);
+  std::shared_ptr<Version> commit(Prepared prepared);
+  void publish();  // callers hold mutex_
+  void close_versions(std::vector<std::shared_ptr<Version>> versions, bool* all_unmapped);
+  Plugin& find(const std::string& name);
+
+  mutable std::mutex mutex_;  // serializes changes and listings
+  std::vector<std::unique_ptr<Plugin>> plugins_;  // load order: later on top
+  std::vector<Override> overrides_;               // push order: later on top
   std::vector<std::unique_ptr<CustomOp>> custom_ops_;
+  uint64_t next_token_ = 1;
 };
 
 }  // namespace maxdev::plugins

@@ -12,6 +12,7 @@
 #include "plugins/errors.h"
 #include "plugins/registry.h"
 #include "plugins/snapshot.h"
+#include "python/overrides.h"
 
 namespace py = pybind11;
 
@@ -95,8 +96,10 @@ py::dict plugin_info(const plugins::PluginInfo& info) {
   d["abi"] = std::to_string(info.abi_major) + "." + std::to_string(info.abi_minor);
   d["ops"] = info.ops;
   d["defines"] = info.defines;
+  d["generation"] = info.generation;
   d["loaded_at_ns"] = info.loaded_at_ns;
   d["load_duration_ns"] = info.load_duration_ns;
+  d["previous_versions"] = info.previous_versions;
   return d;
 }
 
@@ -143,6 +146,35 @@ void bind_plugins(py::module_& m) {
     }
     return plugin_info(info);
   }, py::arg("path"), py::arg("name") = py::none());
+  m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force) {
+    plugins::PluginInfo info;
+    {
+      py::gil_scoped_release nogil;
+      info = plugins::PluginRegistry::instance().reload(name, {path, force});
+    }
+    return plugin_info(info);
+  }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false);
+  m.def("_rollback_plugin", [](const std::string& name) {
+    plugins::PluginInfo info;
+    {
+      py::gil_scoped_release nogil;
+      info = plugins::PluginRegistry::instance().rollback(name);
+    }
+    return plugin_info(info);
+  });
+  m.def("_push_override", [](const std::string& op, py::object fn, const std::string& label) {
+    auto provider = make_python_override(std::move(fn), label);
+    py::gil_scoped_release nogil;
+    return plugins::PluginRegistry::instance().push_override(op, std::move(provider));
+  });
+  m.def("_remove_override", [](uint64_t token) {
+    py::gil_scoped_release nogil;
+    return plugins::PluginRegistry::instance().remove_override(token);
+  });
+  m.def("_restore", [](const std::string& op) {
+    py::gil_scoped_release nogil;
+    return plugins::PluginRegistry::instance().restore(op);
+  });
   m.def("_unload_plugin", [](const std::string& name) {
     plugins::UnloadReport report;
     {
@@ -154,14 +186,26 @@ void bind_plugins(py::module_& m) {
     d["unmapped"] = report.unmapped;
     return d;
   });
+  // Listings release the GIL while they wait for the registry: a change in
+  // progress may be waiting for a Python override that needs the GIL.
   m.def("_list_plugins", [] {
+    std::vector<plugins::PluginInfo> infos;
+    {
+      py::gil_scoped_release nogil;
+      infos = plugins::PluginRegistry::instance().plugins();
+    }
     py::list out;
-    for (const auto& info : plugins::PluginRegistry::instance().plugins()) out.append(plugin_info(info));
+    for (const auto& info : infos) out.append(plugin_info(info));
     return out;
   });
   m.def("_list_ops", [] {
+    std::vector<plugins::OpReport> ops;
+    {
+      py::gil_scoped_release nogil;
+      ops = plugins::PluginRegistry::instance().ops();
+    }
     py::list out;
-    for (const auto& op : plugins::PluginRegistry::instance().ops()) {
+    for (const auto& op : ops) {
       py::dict d;
       d["op"] = op.op;
       d["fallbacks"] = op.fallbacks;

@@ -21,8 +21,9 @@ from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, KernelError, ManifestError, PluginError,
                      PluginNotFoundError, PluginStateError, SchemaError, UnloadError)
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
+from .overrides import Override, override, restore
 from .plugins import (Manifest, Plugin, get_plugin, inspect, list_ops, list_plugins, load_plugin,
-                      unload_plugin)
+                      reload_plugin, rollback_plugin, unload_plugin)
 
 DEVICE_NAME = "max_device"
 ABI_VERSION = _C.ABI_VERSION
@@ -33,7 +34,9 @@ __all__ = [
     "ABI_VERSION", "DEVICE_NAME",
     # plugins
     "Manifest", "Plugin", "get_plugin", "inspect", "list_ops", "list_plugins", "load_plugin",
-    "unload_plugin",
+    "reload_plugin", "rollback_plugin", "unload_plugin",
+    # overrides
+    "Override", "override", "restore",
     # errors
     "AbiMismatchError", "BadImageError", "KernelError", "ManifestError", "PluginError",
     "PluginNotFoundError", "PluginStateError", "SchemaError", "UnloadError",

@@ -51,7 +51,12 @@ class Plugin:
     abi = property(lambda self: self._info["abi"])
     ops = property(lambda self: list(self._info["ops"]))
     defines = property(lambda self: list(self._info["defines"]), doc="ops this plugin defines")
-    load_seconds = property(lambda self: self._info["load_duration_ns"] / 1e9)
+    generation = property(lambda self: self._info["generation"],
+                          doc="1 at load, +1 for every reload that published a new version")
+    load_seconds = property(lambda self: self._info["load_duration_ns"] / 1e9,
+                            doc="snapshot to publish, for this version")
+    previous_versions = property(lambda self: self._info["previous_versions"],
+                                 doc="older versions still mapped (rollback targets)")
 
     @property
     def loaded(self) -> bool:
@@ -60,10 +65,20 @@ class Plugin:
     def unload(self) -> dict:
         return unload_plugin(self)
 
+    def reload(self, path: Optional[Union[str, os.PathLike]] = None, *, force: bool = False) -> "Plugin":
+        """See reload_plugin(); updates this object to the published version."""
+        self._info = reload_plugin(self.name, path, force=force)._info
+        return self
+
+    def rollback(self) -> "Plugin":
+        """See rollback_plugin(); updates this object to the version now serving."""
+        self._info = rollback_plugin(self.name)._info
+        return self
+
     def __repr__(self) -> str:
         state = "" if self.loaded else ", unloaded"
-        return (f"<max_device.Plugin {self.name} {self.version} ({len(self.ops)} ops, "
-                f"sha256 {self.sha256[:12]}){state}>")
+        return (f"<max_device.Plugin {self.name} {self.version} gen {self.generation} "
+                f"({len(self.ops)} ops, sha256 {self.sha256[:12]}){state}>")
 
 
 _lock = threading.Lock()
@@ -92,14 +107,44 @@ def unload_plugin(plugin: Union[Plugin, str]) -> dict:
     Returns ``{"name": ..., "unmapped": bool}``; ``unmapped`` is False when
     the library could not leave the process (GNU unique symbols,
     thread_local destructors), which is also logged."""
-    name = plugin.name if isinstance(plugin, Plugin) else plugin
-    if not isinstance(name, str):
-        raise TypeError(f"expected a Plugin or a plugin name, got {plugin!r}")
+    name = _name_of(plugin)
     defines = next((p["defines"] for p in _C._list_plugins() if p["name"] == name), [])
     with _lock:
         report = _C._unload_plugin(name)
     _forget_python_op_caches(defines)
     return report
+
+
+def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathLike]] = None, *,
+                  force: bool = False) -> Plugin:
+    """Hot swap: load a new build of a loaded plugin and publish all its
+    kernels in one atomic step.
+
+    ``path`` defaults to the file the current version came from (rebuilt in
+    place). Until the new version is published the current one serves every
+    call; calls in flight finish on the version they started on. Unchanged
+    content (same SHA-256) is a no-op unless ``force``. Ops the new version
+    no longer serves fall to the provider below. On any error nothing
+    changes and the current version keeps serving. The previous versions
+    stay mapped for ``rollback_plugin``."""
+    name = _name_of(plugin)
+    with _lock:
+        info = _C._reload_plugin(name, None if path is None else os.fspath(path), force)
+    _forget_python_op_caches(info["defines"])
+    return Plugin(info)
+
+
+def rollback_plugin(plugin: Union[Plugin, str]) -> Plugin:
+    """Return to the previous version (still mapped) in one atomic step."""
+    with _lock:
+        return Plugin(_C._rollback_plugin(_name_of(plugin)))
+
+
+def _name_of(plugin: Union[Plugin, str]) -> str:
+    name = plugin.name if isinstance(plugin, Plugin) else plugin
+    if not isinstance(name, str):
+        raise TypeError(f"expected a Plugin or a plugin name, got {plugin!r}")
+    return name
 
 
 def list_plugins() -> List[Plugin]:
@@ -127,7 +172,7 @@ class OpTable(list):
         rows = [("op", "active", "stack (bottom -> top)", "calls", "declines", "fallbacks")]
         for entry in self:
             layers = entry["layers"]
-            stack = " < ".join(l["owner"] for l in layers) or "-"
+            stack = " < ".join(l["owner"] for l in layers) or "-"  # bottom < ... < top
             active = layers[-1]["owner"] if layers else "cpu fallback"
             op = entry["op"] + (f"  (via {entry['via']})" if entry.get("via") else "")
             if entry.get("via"):  # its calls are counted on the .out row
