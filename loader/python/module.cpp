@@ -12,6 +12,7 @@
 #include "plugins/errors.h"
 #include "plugins/registry.h"
 #include "plugins/snapshot.h"
+#include "plugins/watcher.h"
 #include "python/overrides.h"
 
 namespace py = pybind11;
@@ -224,6 +225,29 @@ void bind_plugins(py::module_& m) {
     return out;
   });
   m.def("_inspect", [](const std::string& path) { return manifest_dict(plugins::PluginRegistry::inspect(path)); });
+  py::class_<plugins::Watcher>(m, "_Watcher")
+      .def(py::init([](const std::string& target, double debounce_seconds) {
+             try {
+               return std::make_unique<plugins::Watcher>(
+                   target, std::chrono::milliseconds(static_cast<int64_t>(debounce_seconds * 1000)));
+             } catch (const std::runtime_error& e) {
+               throw py::value_error(e.what());
+             }
+           }),
+           py::arg("target"), py::arg("debounce_seconds"))
+      .def("stop", &plugins::Watcher::stop, py::call_guard<py::gil_scoped_release>())
+      .def("events", [](const plugins::Watcher& w) {
+        py::list out;
+        for (const auto& e : w.events()) {
+          py::dict d;
+          d["file"] = e.file;
+          d["plugin"] = e.plugin;
+          d["reloaded"] = e.reloaded;
+          d["message"] = e.message;
+          out.append(d);
+        }
+        return out;
+      });
   m.def("_snapshot_directory", [] { return plugins::snapshot_directory(); });
   m.attr("ABI_VERSION") = std::to_string(MAXDEV_ABI_MAJOR) + "." + std::to_string(MAXDEV_ABI_MINOR);
 

@@ -22,6 +22,7 @@ from .errors import (AbiMismatchError, BadImageError, KernelError, ManifestError
                      PluginNotFoundError, PluginStateError, SchemaError, UnloadError)
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
+from .watch import Watch, watch
 from .plugins import (Manifest, Plugin, get_plugin, inspect, list_ops, list_plugins, load_plugin,
                       reload_plugin, rollback_plugin, unload_plugin)
 
@@ -37,6 +38,8 @@ __all__ = [
     "reload_plugin", "rollback_plugin", "unload_plugin",
     # overrides
     "Override", "override", "restore",
+    # the development loop
+    "Watch", "watch",
     # errors
     "AbiMismatchError", "BadImageError", "KernelError", "ManifestError", "PluginError",
     "PluginNotFoundError", "PluginStateError", "SchemaError", "UnloadError",
