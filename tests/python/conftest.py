@@ -1,5 +1,6 @@
 """Shared fixtures of the max_device Python tests."""
 
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +59,105 @@ def pytest_terminal_summary(terminalreporter):
     if counts:
         line = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
         terminalreporter.write_line(f"OpInfo on max_device vs CPU: {line}")
+
+
+# --- Plugins -----------------------------------------------------------------
+# Built artifacts the plugin tests load, found through the build directory:
+# $MAXDEV_BUILD_DIR (the Makefile sets it), else <repo>/build.
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build_dir_path():
+    return os.path.abspath(os.environ.get("MAXDEV_BUILD_DIR") or os.path.join(REPO_ROOT, "build"))
+
+
+def build_paths():
+    """build/test_paths.json ({"fixtures", "plugins", "external_plugin"}), or
+    None when the build has not written it."""
+    path = os.path.join(build_dir_path(), "test_paths.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def build_dir():
+    """The CMake build directory; skips plugin tests when it is not built."""
+    if build_paths() is None:
+        pytest.skip(f"no build at {build_dir_path()} (run `make build`, or set MAXDEV_BUILD_DIR)")
+    return build_dir_path()
+
+
+@pytest.fixture(scope="session")
+def artifacts(build_dir):
+    return build_paths()
+
+
+@pytest.fixture(scope="session")
+def plugin_file(artifacts):
+    """plugin_file("reference") -> <build>/plugins/libreference.so."""
+    def path(name):
+        p = os.path.join(artifacts["plugins"], f"lib{name}.so")
+        assert os.path.isfile(p), f"{p} is not built"
+        return p
+    return path
+
+
+@pytest.fixture(scope="session")
+def fixture_file(artifacts):
+    """fixture_file("good") -> <build>/tests/fixtures/good.so."""
+    def path(name):
+        p = os.path.join(artifacts["fixtures"], f"{name}.so")
+        assert os.path.isfile(p), f"{p} is not built"
+        return p
+    return path
+
+
+@pytest.fixture(scope="session")
+def external_plugin_file(artifacts):
+    """libhello.so, built outside the tree by the ctest external_plugin_builds_from_installed_sdk."""
+    p = os.path.join(artifacts["external_plugin"], "libhello.so")
+    if not os.path.isfile(p):
+        pytest.skip(f"{p} does not exist: run `cd {build_dir_path()} && ctest -R external` first")
+    return p
+
+
+@pytest.fixture
+def load_plugin():
+    """max_device.load_plugin that unloads, at the end of the test, every
+    plugin it loaded and the test did not unload itself."""
+    loaded = []
+
+    def load(path, **kwargs):
+        plugin = max_device.load_plugin(path, **kwargs)
+        loaded.append(plugin)
+        return plugin
+
+    yield load
+    for plugin in reversed(loaded):
+        if any(p.name == plugin.name for p in max_device.list_plugins()):
+            max_device.unload_plugin(plugin.name)
+
+
+@pytest.fixture(autouse=True)
+def no_plugin_left_loaded():
+    """Plugins stay loaded process-wide: a test that leaves one loaded fails
+    (and the plugin is unloaded so the next test starts clean)."""
+    yield
+    left = [p.name for p in max_device.list_plugins()]
+    for name in left:
+        max_device.unload_plugin(name)
+    if left:
+        pytest.fail(f"the test left plugins loaded: {left}")
+
+
+def op_stats(op):
+    """(calls, declines, fallbacks) of one op in max_device.list_ops(),
+    summed over its provider stack; (0, 0, 0) when no plugin serves it."""
+    for entry in max_device.list_ops():
+        if entry["op"] == op and not entry.get("via"):
+            return (sum(l["calls"] for l in entry["layers"]),
+                    sum(l["declines"] for l in entry["layers"]), entry["fallbacks"])
+    return (0, 0, 0)
