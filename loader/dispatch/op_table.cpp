@@ -32,7 +32,9 @@ class Trampoline final : public c10::OperatorKernel {
         if ((*it)->run(*slot_, stack)) return;
       }
     }
-    slot_->fallbacks.fetch_add(1, std::memory_order_relaxed);
+    TORCH_CHECK_NOT_IMPLEMENTED(slot_->has_cpu_kernel, "max_device: no provider of ", slot_->name,
+                                " accepted these arguments and it has no CPU kernel to fall back to "
+                                "(see max_device.list_ops() for its providers and their declines)");
     note_fallback(op);
     run_cpu_kernel(op, stack);
   }
@@ -97,6 +99,7 @@ OpSlot& OpTable::slot(const std::string& op) {
   }
   Checked checked = validate(op);
   auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
+  slot->has_cpu_kernel = checked.handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
   const auto [name, overload] = split_name(op);
   const auto ns = name.substr(0, name.find("::"));
   slot->registration = std::make_unique<torch::Library>(

@@ -61,7 +61,7 @@ struct OpSlot {
   c10::OperatorHandle op;
   OpSignature sig;
   std::unique_ptr<torch::Library> registration;  // the trampoline
-  std::atomic<int64_t> fallbacks{0};             // calls no provider took
+  bool has_cpu_kernel = true;  // else a call every provider declines has nowhere to go
   bool retired = false;  // its op's schema went away; never found again (writers only)
 };
 
@@ -94,8 +94,26 @@ class OpTable {
 
   std::vector<const OpSlot*> slots() const;
 
-  // The current stack of a slot (readers use this under a ReadGuard).
-  const DispatchTable* current() const { return current_.load(std::memory_order_acquire); }
+  // The table calls on this thread see (readers use this under a
+  // ReadGuard): a staged candidate while one is being validated on this
+  // thread, else the published table.
+  const DispatchTable* current() const {
+    const DispatchTable* staged = staged_table;
+    return staged != nullptr ? staged : current_.load(std::memory_order_acquire);
+  }
+
+  // While alive, calls on this thread see `table` instead of the published
+  // one: a version is validated before anyone else can reach it.
+  class Staged {
+   public:
+    explicit Staged(const DispatchTable* table) : previous_(staged_table) { staged_table = table; }
+    ~Staged() { staged_table = previous_; }
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
+
+   private:
+    const DispatchTable* previous_;
+  };
 
  private:
   OpTable();
@@ -107,6 +125,7 @@ class OpTable {
 
   mutable std::mutex slots_mutex_;
   std::vector<std::unique_ptr<OpSlot>> slots_;
+  static inline thread_local const DispatchTable* staged_table = nullptr;
   std::atomic<const DispatchTable*> current_;
   std::unique_ptr<DispatchTable> owned_current_;
 };

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <regex>
 #include <set>
 
 #include "common/log.h"
+#include "dispatch/cpu_fallback.h"
 #include "dispatch/host_api.h"
 #include "dispatch/kernel_provider.h"
 #include "dispatch/op_table.h"
@@ -105,7 +107,8 @@ PluginRegistry::Plugin& PluginRegistry::find(const std::string& name) {
   throw PluginError(ErrorKind::state, "", name, "", "no plugin of this name is loaded");
 }
 
-PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const std::string& name) {
+PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const std::string& name,
+                                                 const Checks& checks) {
   Prepared prepared;
   prepared.started = std::chrono::steady_clock::now();
   ErrorContext ctx{path, name};
@@ -188,6 +191,7 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
     prepared.to_define.push_back(&k);
   }
 
+  if (checks.before_open) checks.before_open(version->snapshot.path);
   // Opening runs the plugin's constructors: the first plugin code to run.
   version->library = std::make_shared<PluginLibrary>(version->snapshot.path, manifest, ctx);
   maxdev_host_context init_ctx;
@@ -241,18 +245,64 @@ std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepare
   return prepared.version;
 }
 
-void PluginRegistry::publish() {
+std::unique_ptr<dispatch::DispatchTable> PluginRegistry::build_table(const Version* replacing,
+                                                                      const Version* with) const {
   auto table = std::make_unique<dispatch::DispatchTable>();
   auto push = [&](const std::string& op, const std::shared_ptr<dispatch::Provider>& provider) {
     const size_t index = OpTable::instance().slot(op).index;
     if (table->stacks.size() <= index) table->stacks.resize(index + 1);
     table->stacks[index].push_back(provider);
   };
+  bool placed = false;
   for (const auto& p : plugins_) {
-    for (const auto& [op, provider] : p->current->providers) push(op, provider);
+    const Version* v = p->current.get() == replacing ? with : p->current.get();
+    placed = placed || v == with;
+    for (const auto& [op, provider] : v->providers) push(op, provider);
+  }
+  if (with != nullptr && !placed) {
+    for (const auto& [op, provider] : with->providers) push(op, provider);  // a new plugin: on top
   }
   for (const auto& o : overrides_) push(o.op, o.provider);
-  OpTable::instance().publish(std::move(table));  // returns once no call sees the old table
+  return table;
+}
+
+void PluginRegistry::publish() {
+  OpTable::instance().publish(build_table(nullptr, nullptr));  // returns once no call sees the old table
+}
+
+void PluginRegistry::vet(const Checks& checks, const std::shared_ptr<Version>& version, bool new_plugin) {
+  if (!checks.before_publish) return;
+  const Version* replacing = nullptr;
+  if (!new_plugin) {
+    for (const auto& p : plugins_) {
+      if (p->name == version->info.name) replacing = p->current.get();
+    }
+  }
+  auto candidate = build_table(replacing, version.get());
+  try {
+    dispatch::OpTable::Staged staged(candidate.get());
+    checks.before_publish(version->info.ops);
+  } catch (...) {
+    log::error("plugin '" + version->info.name + "' " + version->info.version +
+               " failed its checks before publish; nothing changed");
+    release_custom_ops(version->info.name, new_plugin ? std::vector<std::string>{} : version->info.defines);
+    close_versions({version}, nullptr);
+    throw;
+  }
+}
+
+// Forgets `plugin` as a user of the custom ops in `only` (all, if empty)
+// and removes the ops nobody serves any more.
+void PluginRegistry::release_custom_ops(const std::string& plugin, const std::vector<std::string>& only) {
+  for (auto c = custom_ops_.begin(); c != custom_ops_.end();) {
+    if (only.empty() || std::find(only.begin(), only.end(), (*c)->name) != only.end()) (*c)->users.erase(plugin);
+    if ((*c)->users.empty()) {
+      OpTable::instance().retire((*c)->name);
+      c = custom_ops_.erase(c);  // destroys the definition
+    } else {
+      ++c;
+    }
+  }
 }
 
 void PluginRegistry::close_versions(std::vector<std::shared_ptr<Version>> versions, bool* all_unmapped) {
@@ -269,7 +319,8 @@ void PluginRegistry::close_versions(std::vector<std::shared_ptr<Version>> versio
   }
 }
 
-PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std::string>& name) {
+PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std::string>& name,
+                                const Checks& checks) {
   std::lock_guard lock(mutex_);
   // The name comes from the manifest unless given; read it once up front.
   std::string registered = name.value_or("");
@@ -281,11 +332,12 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
                         "with another name=");
     }
   }
-  Prepared prepared = prepare(path, registered);
+  Prepared prepared = prepare(path, registered, checks);
   const auto started = prepared.started;
   auto plugin = std::make_unique<Plugin>();
   plugin->name = registered;
   plugin->current = commit(std::move(prepared));
+  vet(checks, plugin->current, /*new_plugin=*/true);
   plugin->current->info.generation = plugin->next_generation++;
   plugins_.push_back(std::move(plugin));
   publish();
@@ -298,13 +350,13 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
   return info;
 }
 
-PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& options) {
+PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& options, const Checks& checks) {
   std::lock_guard lock(mutex_);
   Plugin& plugin = find(name);
   const std::string path = options.path.value_or(plugin.current->info.path);
   Prepared prepared;
   try {
-    prepared = prepare(path, name);
+    prepared = prepare(path, name, checks);
   } catch (const PluginError& e) {
     log::error("reload of plugin '" + name + "' refused; version " + plugin.current->info.version +
                " keeps serving: " + e.what());
@@ -317,6 +369,7 @@ PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& 
   }
   const auto started = prepared.started;
   std::shared_ptr<Version> fresh = commit(std::move(prepared));
+  vet(checks, fresh, /*new_plugin=*/false);
   fresh->info.generation = plugin.next_generation++;
   plugin.previous.push_back(plugin.current);
   plugin.current = fresh;
@@ -364,16 +417,7 @@ UnloadReport PluginRegistry::unload(const std::string& name) {
   std::unique_ptr<Plugin> removed = std::move(*it);
   plugins_.erase(it);
   publish();  // returns once no call can reach the plugin
-
-  for (auto c = custom_ops_.begin(); c != custom_ops_.end();) {
-    (*c)->users.erase(name);
-    if ((*c)->users.empty()) {
-      OpTable::instance().retire((*c)->name);
-      c = custom_ops_.erase(c);  // destroys the definition
-    } else {
-      ++c;
-    }
-  }
+  release_custom_ops(name, {});
   UnloadReport report{name, true};
   std::vector<std::shared_ptr<Version>> versions(removed->previous.begin(), removed->previous.end());
   versions.push_back(removed->current);
@@ -427,11 +471,13 @@ std::vector<PluginInfo> PluginRegistry::plugins() const {
 std::vector<OpReport> PluginRegistry::ops() const {
   std::lock_guard lock(mutex_);
   std::vector<OpReport> out;
+  std::map<std::string, int64_t> fallbacks;
+  for (const auto& [op, n] : dispatch::fallback_counts()) fallbacks[op] = n;
   const auto* table = OpTable::instance().current();
   for (const auto* slot : OpTable::instance().slots()) {
     OpReport report;
     report.op = slot->name;
-    report.fallbacks = slot->fallbacks.load();
+    report.fallbacks = fallbacks.count(slot->name) ? fallbacks[slot->name] : 0;
     if (slot->index < table->stacks.size()) {
       for (const auto& p : table->stacks[slot->index]) {
         report.layers.push_back({p->owner(), p->kind(), p->calls.load(), p->declines.load()});

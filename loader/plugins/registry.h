@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +23,7 @@
 
 namespace maxdev::dispatch {
 class Provider;
+struct DispatchTable;
 }
 
 namespace maxdev::plugins {
@@ -59,6 +61,17 @@ struct OpReport {
   int64_t fallbacks = 0;        // calls that fell through to the CPU
 };
 
+// Checks a change runs before it becomes visible; either may throw to
+// refuse the change, which then leaves everything as it was.
+struct Checks {
+  // With the private snapshot that will be opened, before it is opened
+  // (e.g. trying it in a child process first).
+  std::function<void(const std::string& snapshot_path)> before_open;
+  // After the new version is ready, before it is published; calls on this
+  // thread (only) already see it.
+  std::function<void(const std::vector<std::string>& ops)> before_publish;
+};
+
 struct ReloadOptions {
   std::optional<std::string> path;  // default: the path of the current version
   bool force = false;               // reload even if the content is unchanged
@@ -68,10 +81,10 @@ class PluginRegistry {
  public:
   static PluginRegistry& instance();
 
-  PluginInfo load(const std::string& path, const std::optional<std::string>& name);
+  PluginInfo load(const std::string& path, const std::optional<std::string>& name, const Checks& checks = {});
   // Replaces the plugin's current version with a new build, atomically.
   // Unchanged content (same SHA-256) is a no-op unless forced.
-  PluginInfo reload(const std::string& name, const ReloadOptions& options);
+  PluginInfo reload(const std::string& name, const ReloadOptions& options, const Checks& checks = {});
   // Returns to the previous version (still mapped).
   PluginInfo rollback(const std::string& name);
   UnloadReport unload(const std::string& name);
@@ -97,9 +110,14 @@ class PluginRegistry {
   PluginRegistry();
   ~PluginRegistry();
 
-  Prepared prepare(const std::string& path, const std::string& name);
+  Prepared prepare(const std::string& path, const std::string& name, const Checks& checks);
   std::shared_ptr<Version> commit(Prepared prepared);
+  // Runs checks.before_publish with `candidate` staged on this thread;
+  // on failure undoes commit(version) and rethrows.
+  void vet(const Checks& checks, const std::shared_ptr<Version>& version, bool new_plugin);
+  std::unique_ptr<dispatch::DispatchTable> build_table(const Version* replacing, const Version* with) const;
   void publish();  // callers hold mutex_
+  void release_custom_ops(const std::string& plugin, const std::vector<std::string>& only);
   void close_versions(std::vector<std::shared_ptr<Version>> versions, bool* all_unmapped);
   Plugin& find(const std::string& name);
 

@@ -137,24 +137,53 @@ void raise_kernel_error(const std::string& plugin, const std::string& op, const 
   throw python_error();
 }
 
+// Python callables as the registry's checks; each runs with the GIL.
+plugins::Checks checks_from(py::object before_open, py::object before_publish) {
+  plugins::Checks checks;
+  auto wrap = [](py::object fn) {
+    return std::make_shared<py::object>(std::move(fn));
+  };
+  if (!before_open.is_none()) {
+    auto fn = wrap(std::move(before_open));
+    checks.before_open = [fn](const std::string& snapshot) {
+      py::gil_scoped_acquire gil;
+      (*fn)(snapshot);
+    };
+  }
+  if (!before_publish.is_none()) {
+    auto fn = wrap(std::move(before_publish));
+    checks.before_publish = [fn](const std::vector<std::string>& ops) {
+      py::gil_scoped_acquire gil;
+      (*fn)(ops);
+    };
+  }
+  return checks;
+}
+
 void bind_plugins(py::module_& m) {
   dispatch::set_kernel_error_hook(&raise_kernel_error);
-  m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name) {
+  m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name, py::object before_open,
+                           py::object before_publish) {
+    const auto checks = checks_from(std::move(before_open), std::move(before_publish));
     plugins::PluginInfo info;
     {
       py::gil_scoped_release nogil;
-      info = plugins::PluginRegistry::instance().load(path, name);
+      info = plugins::PluginRegistry::instance().load(path, name, checks);
     }
     return plugin_info(info);
-  }, py::arg("path"), py::arg("name") = py::none());
-  m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force) {
+  }, py::arg("path"), py::arg("name") = py::none(), py::arg("before_open") = py::none(),
+     py::arg("before_publish") = py::none());
+  m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force,
+                             py::object before_open, py::object before_publish) {
+    const auto checks = checks_from(std::move(before_open), std::move(before_publish));
     plugins::PluginInfo info;
     {
       py::gil_scoped_release nogil;
-      info = plugins::PluginRegistry::instance().reload(name, {path, force});
+      info = plugins::PluginRegistry::instance().reload(name, {path, force}, checks);
     }
     return plugin_info(info);
-  }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false);
+  }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false,
+     py::arg("before_open") = py::none(), py::arg("before_publish") = py::none());
   m.def("_rollback_plugin", [](const std::string& name) {
     plugins::PluginInfo info;
     {

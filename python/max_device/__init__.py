@@ -22,6 +22,7 @@ from .errors import (AbiMismatchError, BadImageError, KernelError, ManifestError
                      PluginNotFoundError, PluginStateError, SchemaError, UnloadError)
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
+from .validation import ValidationError
 from .watch import Watch, watch
 from .plugins import (Manifest, Plugin, get_plugin, inspect, list_ops, list_plugins, load_plugin,
                       reload_plugin, rollback_plugin, unload_plugin)
@@ -42,7 +43,7 @@ __all__ = [
     "Watch", "watch",
     # errors
     "AbiMismatchError", "BadImageError", "KernelError", "ManifestError", "PluginError",
-    "PluginNotFoundError", "PluginStateError", "SchemaError", "UnloadError",
+    "PluginNotFoundError", "PluginStateError", "SchemaError", "UnloadError", "ValidationError",
     # fallback and logs
     "fallback_counts", "fallback_policy", "reset_fallback_counts", "set_fallback_policy",
     "log_level", "set_log_level",

@@ -65,9 +65,10 @@ class Plugin:
     def unload(self) -> dict:
         return unload_plugin(self)
 
-    def reload(self, path: Optional[Union[str, os.PathLike]] = None, *, force: bool = False) -> "Plugin":
-        """See reload_plugin(); updates this object to the published version."""
-        self._info = reload_plugin(self.name, path, force=force)._info
+    def reload(self, path: Optional[Union[str, os.PathLike]] = None, **options) -> "Plugin":
+        """See reload_plugin() (force, validate, isolate, timeout); updates
+        this object to the published version."""
+        self._info = reload_plugin(self.name, path, **options)._info
         return self
 
     def rollback(self) -> "Plugin":
@@ -84,7 +85,18 @@ class Plugin:
 _lock = threading.Lock()
 
 
-def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None) -> Plugin:
+def _checks(path: str, plugin: str, validate: bool, isolate: bool, timeout: float) -> dict:
+    from . import validation
+    checks = {}
+    if isolate:
+        checks["before_open"] = validation.isolated_check(path, plugin, validate, timeout)
+    elif validate:
+        checks["before_publish"] = validation.validate_in_process(path, plugin)
+    return checks
+
+
+def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, validate: bool = False,
+                isolate: bool = False, timeout: float = 120.0) -> Plugin:
     """Load a plugin library and put its kernels on top of each op's stack.
 
     The file is copied to a private snapshot first; the snapshot is what is
@@ -93,9 +105,19 @@ def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None) ->
     ``max_device.PluginError`` subclass and nothing changes.
     ``name`` registers the plugin under another name than its manifest's,
     e.g. to load two builds side by side.
+
+    ``validate=True`` compares every kernel with the CPU on PyTorch's OpInfo
+    samples before publishing and refuses the plugin on a mismatch
+    (``ValidationError`` with a per-op report). ``isolate=True`` first opens
+    the exact snapshot in a child process (``timeout`` seconds), so a plugin
+    whose constructors or kernels crash or hang is refused while this
+    process lives; with ``validate`` the comparison runs there too.
     """
+    path = os.fspath(path)
+    checks = _checks(path, name or inspect(path).name, validate, isolate, timeout) \
+        if validate or isolate else {}
     with _lock:
-        info = _C._load_plugin(os.fspath(path), name)
+        info = _C._load_plugin(path, name, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
@@ -116,7 +138,8 @@ def unload_plugin(plugin: Union[Plugin, str]) -> dict:
 
 
 def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathLike]] = None, *,
-                  force: bool = False) -> Plugin:
+                  force: bool = False, validate: bool = False, isolate: bool = False,
+                  timeout: float = 120.0) -> Plugin:
     """Hot swap: load a new build of a loaded plugin and publish all its
     kernels in one atomic step.
 
@@ -126,10 +149,14 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathL
     content (same SHA-256) is a no-op unless ``force``. Ops the new version
     no longer serves fall to the provider below. On any error nothing
     changes and the current version keeps serving. The previous versions
-    stay mapped for ``rollback_plugin``."""
+    stay mapped for ``rollback_plugin``. ``validate`` and ``isolate`` check
+    the new version before it goes live, as in ``load_plugin``."""
     name = _name_of(plugin)
+    path = None if path is None else os.fspath(path)
+    checks = _checks(path or get_plugin(name).path, name, validate, isolate, timeout) \
+        if validate or isolate else {}
     with _lock:
-        info = _C._reload_plugin(name, None if path is None else os.fspath(path), force)
+        info = _C._reload_plugin(name, path, force, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import max_device  # noqa: F401  (registers the device)
+from max_device.testing import to_cpu, to_device
 from torch.testing._internal.common_device_type import toleranceOverride
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import (BinaryUfuncInfo, DecorateInfo, ReductionOpInfo,
@@ -112,48 +113,11 @@ def _error_cases():
         yield pytest.param(op, id=_op_id(op), marks=marks)
 
 
-def to_device(value, storages=None):
-    """Copy a sample to max_device, keeping its memory layout: tensors that
-    share a CPU storage share one device storage, with the same storage
-    offset and strides (as_strided samples index into the whole storage,
-    and error_inputs test out= tensors that overlap their inputs)."""
-    storages = {} if storages is None else storages
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        cpu_storage = t.untyped_storage()
-        key = cpu_storage.data_ptr()
-        dev_storage = storages.get(key) if cpu_storage.nbytes() else None
-        if dev_storage is None:
-            dev_storage = cpu_storage.max_device()
-            if cpu_storage.nbytes():
-                storages[key] = dev_storage
-        return torch.empty(0, dtype=t.dtype, device=DEVICE).set_(
-            dev_storage, t.storage_offset(), t.size(), t.stride())
-    if isinstance(value, (list, tuple)):
-        moved = [to_device(v, storages) for v in value]
-        return moved if isinstance(value, list) else tuple(moved)
-    if isinstance(value, dict):
-        return {k: to_device(v, storages) for k, v in value.items()}
-    if isinstance(value, torch.device) and value.type == "cpu":
-        return torch.device(DEVICE)
-    return value
-
-
 def _sample_to_device(op, sample):
     dev_input, dev_args, dev_kwargs = to_device((sample.input, sample.args, sample.kwargs))
     keep = ARGS_KEPT_ON_CPU.get(op.name, ())
     dev_args = tuple(sample.args[i] if i in keep else a for i, a in enumerate(dev_args))
     return dev_input, dev_args, dev_kwargs
-
-
-def to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        assert value.device.type == DEVICE, f"output on {value.device}, expected max_device"
-        return value.cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(v) for v in value) if not hasattr(value, "_fields") \
-            else type(value)(*(to_cpu(v) for v in value))
-    return value
 
 
 def _tolerance(op, dtype):

@@ -15,7 +15,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import max_device
 from conftest import op_stats
-from test_opinfo import to_cpu, to_device
+from max_device.testing import to_cpu, to_device
 
 DEVICE = "max_device"
 

@@ -1,0 +1,46 @@
+"""Checks before a version goes live: validate=True and isolate=True."""
+
+import pytest
+import torch
+
+import max_device
+
+DEVICE = "max_device"
+
+
+def neg_served_by():
+    entry = next(e for e in max_device.list_ops() if e["op"] == "aten::neg.out")
+    return entry["layers"][-1]["owner"]
+
+
+def test_a_wrong_kernel_is_refused_with_a_report_and_the_old_version_serves(load_plugin, fixture_file):
+    plugin = load_plugin(fixture_file("good"), name="kernels", validate=True)
+    with pytest.raises(max_device.ValidationError) as caught:
+        plugin.reload(fixture_file("wrong_kernel"), validate=True)
+    error = caught.value
+    assert "wrong_kernel.so" in str(error) and "aten::neg.out" in str(error)
+    assert error.report and error.report[0].op == "aten::neg.out"
+    assert error.report[0].max_abs == pytest.approx(1.0)
+    assert plugin.reload().generation == 1
+    assert torch.neg(torch.ones(3, device=DEVICE)).tolist() == [-1.0] * 3
+
+
+def test_a_wrong_kernel_is_not_loaded(fixture_file):
+    with pytest.raises(max_device.ValidationError, match="disagree with the CPU"):
+        max_device.load_plugin(fixture_file("wrong_kernel"), validate=True)
+    assert max_device.list_plugins() == []
+
+
+@pytest.mark.parametrize("fixture, signal_name", [("segfaulting_kernel", "SIGSEGV"),
+                                                  ("abort_in_constructor", "SIGABRT")])
+def test_a_crashing_version_is_refused_by_the_isolated_check(load_plugin, fixture_file, fixture, signal_name):
+    plugin = load_plugin(fixture_file("good"), name="kernels")
+    with pytest.raises(max_device.ValidationError, match=signal_name):
+        plugin.reload(fixture_file(fixture), isolate=True, validate=True)
+    assert neg_served_by() == "kernels@1.0.0"
+    assert torch.neg(torch.ones(2, device=DEVICE)).tolist() == [-1.0, -1.0]
+
+
+def test_isolated_load_of_a_good_plugin(load_plugin, fixture_file):
+    plugin = load_plugin(fixture_file("good"), isolate=True, validate=True)
+    assert plugin.generation == 1 and neg_served_by() == "good@1.0.0"

@@ -1,0 +1,80 @@
+"""max_device.watch: the rebuilt file takes over, whoever wrote it."""
+
+import os
+import shutil
+import time
+
+import pytest
+import torch
+
+import max_device
+
+DEVICE = "max_device"
+
+
+def version():
+    return torch.ops.reference.version(torch.zeros(2, device=DEVICE))[0].item()
+
+
+def wait_for_events(watch, count, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while len(watch.events()) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return watch.events()
+
+
+def write_in_place(source, target):  # a linker writing its output
+    with open(source, "rb") as src, open(target, "r+b" if os.path.exists(target) else "wb") as dst:
+        dst.truncate(0)
+        dst.write(src.read())
+
+
+def copy_over(source, target):  # cp
+    shutil.copyfile(source, target)
+
+
+def rename_into_place(source, target):  # build systems
+    shutil.copyfile(source, str(target) + ".tmp")
+    os.replace(str(target) + ".tmp", target)
+
+
+@pytest.mark.parametrize("writer", [write_in_place, copy_over, rename_into_place])
+def test_rebuilt_file_is_reloaded(tmp_path, plugin_file, load_plugin, writer):
+    path = tmp_path / "libkernels.so"
+    shutil.copyfile(plugin_file("reference"), path)
+    plugin = load_plugin(path)
+    with max_device.watch(tmp_path, debounce=0.05) as w:
+        writer(plugin_file("reference_v2"), path)
+        events = wait_for_events(w, 1)
+    assert events and events[-1]["reloaded"], events
+    assert version() == 2.0
+    assert max_device.get_plugin(plugin.name).generation == 2
+
+
+def test_half_written_file_is_never_loaded(tmp_path, plugin_file, load_plugin):
+    path = tmp_path / "libkernels.so"
+    shutil.copyfile(plugin_file("reference"), path)
+    load_plugin(path)
+    data = open(plugin_file("reference_v2"), "rb").read()
+    with max_device.watch(path, debounce=0.05) as w:
+        with open(path, "r+b") as f:
+            f.truncate(0)
+            f.write(data[: len(data) // 2])
+            f.flush()
+            time.sleep(0.5)  # ten debounce intervals with half a library on disk
+            assert version() == 1.0 and w.events() == []
+            f.write(data[len(data) // 2:])
+        events = wait_for_events(w, 1)
+    assert events[-1]["reloaded"] and version() == 2.0
+
+
+def test_a_broken_build_is_reported_and_the_old_version_serves(tmp_path, plugin_file, load_plugin):
+    path = tmp_path / "libkernels.so"
+    shutil.copyfile(plugin_file("reference"), path)
+    load_plugin(path)
+    with max_device.watch(tmp_path, debounce=0.05) as w:
+        (tmp_path / "junk").write_bytes(b"not a plugin")  # unrelated files are ignored
+        path.write_bytes(b"\x7fELF" + b"\0" * 100)
+        events = wait_for_events(w, 1)
+    assert events and not events[-1]["reloaded"]
+    assert version() == 1.0

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Runs the test suites of a sanitizer build tree (the Makefile's
+# `make sanitize-asan` / `make sanitize-tsan` call this after building).
+#
+#   tests/sanitizers/run.sh <asan|tsan> <build tree> <cpp|python> [pytest args...]
+#
+# cpp     ctest in the tree. The test executables link the sanitizer runtime
+#         themselves: nothing is preloaded.
+# python  pytest on tests/python with the tree's sanitized _C module. The
+#         tree's python/max_device is a directory of symlinks to the .py
+#         files of python/max_device plus the sanitized libraries the build
+#         put there (MAXDEV_PACKAGE_DIR), and PYTHONPATH puts it ahead of the
+#         venv's .pth (which points at python/). Python and libtorch are not
+#         instrumented, so the sanitizer runtime is LD_PRELOADed.
+#
+# Environment: PY (python, default .venv/bin/python), CTEST_JOBS (default 2).
+set -euo pipefail
+
+kind=${1:?asan|tsan}
+tree=$(realpath "${2:?build tree}")
+suite=${3:?cpp|python}
+shift 3
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+py=${PY:-$repo/.venv/bin/python}
+[[ $py = /* ]] || py=$repo/$py
+cc=${CC:-gcc}
+
+case $kind in
+  asan)
+    runtime=$($cc -print-file-name=libasan.so)
+    # Leak detection stays on for the C++ tests (LSan suppressions: lsan.supp,
+    # libtorch's and libstdc++'s process-lifetime allocations only). CPython's
+    # allocator makes LeakSanitizer useless in the interpreter: off there.
+    common_asan="halt_on_error=1:check_initialization_order=1"
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$here/ubsan.supp"
+    if [[ $suite = cpp ]]; then
+      export ASAN_OPTIONS="$common_asan:detect_leaks=1"
+      export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
+    else
+      export ASAN_OPTIONS="$common_asan:detect_leaks=0"
+    fi
+    ;;
+  tsan)
+    runtime=$($cc -print-file-name=libtsan.so)
+    # halt_on_error=1: a report fails the test that caused it, with the
+    # report in its captured output. Suppressions: tsan.supp (uninstrumented
+    # libraries only; never loader/ code).
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:report_signal_unsafe=0:suppressions=$here/tsan.supp"
+    ;;
+  *) echo "unknown sanitizer '$kind' (asan|tsan)" >&2; exit 2 ;;
+esac
+[[ -f $runtime ]] || { echo "no sanitizer runtime at '$runtime'" >&2; exit 2; }
+
+case $suite in
+  cpp)
+    cd "$tree"
+    exec ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@"
+    ;;
+  python)
+    pkg_src=$repo/python/max_device
+    pkg=$tree/python/max_device
+    [[ -n $(compgen -G "$pkg/_C*.so") ]] || { echo "$pkg has no _C module: build the tree first" >&2; exit 2; }
+    # Refresh the symlinks to the Python sources (files may come and go).
+    find "$pkg" -maxdepth 1 -type l -delete
+    for f in "$pkg_src"/*; do
+      case ${f##*/} in
+        *.so|sdk|__pycache__) ;;
+        *) ln -s "$f" "$pkg/${f##*/}" ;;
+      esac
+    done
+    # The plugin SDK inside the package, as `make build` does for python/.
+    cmake --install "$tree" --component plugin_api --prefix "$pkg/sdk" >/dev/null
+    export PYTHONPATH=$tree/python${PYTHONPATH:+:$PYTHONPATH}
+    export MAXDEV_BUILD_DIR=$tree
+    # The sanitized package, not python/'s, or the run means nothing.
+    found=$(LD_PRELOAD=$runtime "$py" -c 'import max_device, max_device._C as c; print(max_device.__file__); print(c.__file__)')
+    echo "$found" | sed 's/^/max_device from: /'
+    if [[ $(echo "$found" | grep -c "^$pkg/") -ne 2 ]]; then
+      echo "max_device is not imported from $pkg" >&2; exit 1
+    fi
+    cd "$repo"
+    LD_PRELOAD=$runtime exec "$py" -m pytest tests/python -q -ra -p no:cacheprovider "$@"
+    ;;
+  *) echo "unknown suite '$suite' (cpp|python)" >&2; exit 2 ;;
+esac
