@@ -2,6 +2,7 @@
 
   python -m max_device inspect PATH      manifest of a plugin file (runs none of its code)
   python -m max_device ops [PLUGIN...]   load the given plugin files and list who serves each op
+  python -m max_device watch PLUGIN...   load plugin files and reload each one whenever it is rebuilt
   python -m max_device --cmake-dir       directory to pass as -DMaxDevicePlugin_DIR=
   python -m max_device --include-dir     directory holding max_device/plugin.h
 """
@@ -31,6 +32,10 @@ def main(argv=None) -> int:
     p_inspect.add_argument("path")
     p_ops = sub.add_parser("ops", help="load plugin files and list the ops on max_device")
     p_ops.add_argument("plugins", nargs="*")
+    p_watch = sub.add_parser("watch", help="load plugin files and reload them when they are rebuilt")
+    p_watch.add_argument("plugins", nargs="+")
+    p_watch.add_argument("--debounce", type=float, default=0.2, help="seconds a file must stay unchanged")
+    p_watch.add_argument("--seconds", type=float, default=None, help="stop after this long (default: Ctrl-C)")
     args = parser.parse_args(argv)
 
     if args.cmake_dir:
@@ -59,8 +64,36 @@ def main(argv=None) -> int:
             return 1
         print(max_device.list_ops(*loaded))
         return 0
+    if args.command == "watch":
+        return _watch(max_device, args)
     parser.print_help()
     return 2
+
+
+def _watch(max_device, args) -> int:
+    import time
+
+    try:
+        plugins = [max_device.load_plugin(path) for path in args.plugins]
+    except max_device.PluginError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    watches = [max_device.watch(p.path, debounce=args.debounce) for p in plugins]
+    print(f"watching {len(plugins)} plugin(s); rebuild them to reload, Ctrl-C to stop", flush=True)
+    shown = 0
+    deadline = None if args.seconds is None else time.monotonic() + args.seconds
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            events = [e for w in watches for e in w.events()]
+            for event in events[shown:]:
+                print(f"{event['file']}: {event['message']}", flush=True)
+            shown = len(events)
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
+    for w in watches:
+        w.stop()
+    return 0
 
 
 if __name__ == "__main__":

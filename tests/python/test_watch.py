@@ -78,3 +78,19 @@ def test_a_broken_build_is_reported_and_the_old_version_serves(tmp_path, plugin_
         events = wait_for_events(w, 1)
     assert events and not events[-1]["reloaded"]
     assert version() == 1.0
+
+
+def test_cli_watch_reports_a_reload(tmp_path, plugin_file):
+    import subprocess
+    import sys
+    path = tmp_path / "libkernels.so"
+    shutil.copyfile(plugin_file("reference"), path)
+    child = subprocess.Popen([sys.executable, "-m", "max_device", "watch", str(path), "--debounce", "0.05",
+                              "--seconds", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "watching 1 plugin" in child.stdout.readline()
+        rename_into_place(plugin_file("reference_v2"), path)
+        assert "reloaded: 1.0.0 -> 2.0.0" in child.stdout.readline()
+    finally:
+        child.kill()
+        child.communicate()
