@@ -1,0 +1,294 @@
+"""Per-call cost of `torch.add(a, b)` on 64 float32 elements, from Python,
+through four providers of aten::add.out on max_device (PyTorch's structured
+composite for add.Tensor allocates the output and calls add.out):
+
+  plugin       the reference plugin's kernel, through the loader's boxed
+               trampoline and the C plugin ABI
+  native       the same float loop as a TORCH_LIBRARY_IMPL(aten, PrivateUse1)
+               kernel (bench/native_add_kernel.cpp, torch.ops.load_library),
+               the floor for a PrivateUse1 kernel
+  python       a Python kernel registered with torch.library.impl on the
+               device key (the RFC-0046 approach); its body adds through
+               zero-copy CPU views of the device bytes
+  python_noop  the same registration with an empty body (returns `out`
+               unfilled): what the Python route costs before any work
+  cpu          stock CPU eager torch.add on CPU tensors
+
+Each variant runs in its own subprocess (registrations are process-wide).
+A worker warms up, then times blocks of calls; the parent runs the workers
+in several rounds, rotating their order, and reports the median per-call
+time over all blocks. Every worker checks its result and proves that its
+kernel ran (plugin: list_ops() call counter; native: the kernel's own
+counter; python: a Python counter). When <build>/bench/bench_call_path
+exists, the same path is timed from C++ too (no Python), plus the plugin
+kernel called directly through the C ABI.
+
+    PYTHONPATH=python .venv/bin/python bench/bench_plugin_call.py [--quick]
+
+Writes bench/results/plugin_call.json (raw per-block samples, machine).
+"""
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchlib as bl  # noqa: E402
+
+NUMEL = 64
+VARIANTS = ("plugin", "native", "python", "python_noop", "cpu")
+CPP_MODES = ("plugin", "native", "cpu", "kernel", "loop")
+TARGETS = {"plugin_over_native_max": 1.10, "python_over_plugin_min": 10.0}
+# (rounds, blocks per worker, calls per block, warmup calls)
+FULL = (4, 20, 2000, 2000)
+QUICK = (2, 8, 1000, 1000)
+
+
+# ---------------------------------------------------------------------------
+# Worker: one variant, one process
+# ---------------------------------------------------------------------------
+
+def _host_view(t):
+    """A CPU tensor over the bytes of a contiguous float32 max_device tensor."""
+    buf = (ctypes.c_float * t.numel()).from_address(t.data_ptr())
+    return torch.frombuffer(buf, dtype=torch.float32)
+
+
+def worker(variant: str, blocks: int, calls: int, warmup: int) -> dict:
+    global torch
+    import torch
+    import max_device
+
+    dev = max_device.DEVICE_NAME
+    g = torch.Generator().manual_seed(0)
+    a_cpu, b_cpu = torch.randn(NUMEL, generator=g), torch.randn(NUMEL, generator=g)
+    want = a_cpu + b_cpu
+    info = {"variant": variant}
+    calls_now = None  # () -> calls counted so far by the kernel under test
+
+    if variant == "plugin":
+        plugin = max_device.load_plugin(bl.artifact("plugins", "libreference.so"))
+        info["plugin"] = f"{plugin.name} {plugin.version}"
+
+        def calls_now():
+            for e in max_device.list_ops():
+                if e["op"] == "aten::add.out" and not e.get("via"):
+                    return e["layers"][-1]["calls"]
+            raise RuntimeError("aten::add.out is not served by a plugin")
+    elif variant == "native":
+        assert not max_device.list_plugins(), "native must run without plugins"
+        path = bl.artifact("bench", "libbench_native_add.so")
+        torch.ops.load_library(path)
+        counter = ctypes.CDLL(path).bench_native_add_calls
+        counter.restype = ctypes.c_int64
+        calls_now = counter
+        info["library"] = path
+    elif variant in ("python", "python_noop"):
+        assert not max_device.list_plugins()
+        count = [0]
+        if variant == "python":
+            def add_out(self, other, *, alpha=1, out):
+                count[0] += 1
+                torch.add(_host_view(self), _host_view(other), alpha=alpha, out=_host_view(out))
+                return out
+        else:
+            def add_out(self, other, *, alpha=1, out):
+                count[0] += 1
+                return out
+        # The renamed PrivateUse1 key; torch.library maps the device name to it.
+        torch.library.impl("aten::add.out", dev)(add_out)
+        info["registration"] = f'torch.library.impl("aten::add.out", "{dev}")'
+        calls_now = lambda: count[0]  # noqa: E731
+    elif variant != "cpu":
+        raise SystemExit(f"unknown variant {variant}")
+
+    if variant == "cpu":
+        a, b = a_cpu, b_cpu
+    else:
+        a, b = a_cpu.to(dev), b_cpu.to(dev)
+    add = torch.add
+    before = calls_now() if calls_now else 0
+    max_device.reset_fallback_counts()
+    got = add(a, b)
+    if variant != "python_noop":
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    assert got.device.type == a.device.type
+    del got
+
+    for _ in range(warmup):
+        add(a, b)
+    samples = []
+    gc.collect()
+    gc.disable()
+    for _ in range(blocks):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            add(a, b)
+        t1 = time.perf_counter_ns()
+        samples.append((t1 - t0) / calls)
+    gc.enable()
+
+    expected = 1 + warmup + blocks * calls
+    if calls_now is not None:
+        ran = calls_now() - before
+        if ran != expected:
+            raise RuntimeError(f"{variant}: the kernel under test ran {ran} times, expected {expected}")
+        info["kernel_calls_verified"] = ran
+    fallbacks = max_device.fallback_counts()
+    if variant != "cpu" and (fallbacks.get("aten::add.out") or fallbacks.get("aten::add.Tensor")):
+        raise RuntimeError(f"{variant}: the CPU fallback ran: {fallbacks}")
+    info.update({"torch_threads": torch.get_num_threads(), "per_call_ns": samples})
+    return info
+
+
+# ---------------------------------------------------------------------------
+# Parent: rounds of workers, then the table
+# ---------------------------------------------------------------------------
+
+def run_python_variants(rounds, blocks, calls, warmup):
+    per_variant = {v: {"per_call_ns": [], "round_medians_ns": []} for v in VARIANTS}
+    for r in range(rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        for v in order:
+            res = bl.run_json([sys.executable, os.path.abspath(__file__), "--worker", v,
+                               "--blocks", str(blocks), "--calls", str(calls),
+                               "--warmup", str(warmup)])
+            d = per_variant[v]
+            d["per_call_ns"] += res.pop("per_call_ns")
+            d["round_medians_ns"].append(bl.summarize(d["per_call_ns"][-blocks:])["median"])
+            d["info"] = res
+            print(f"  round {r + 1}/{rounds} {v:12s} {d['round_medians_ns'][-1]:9.0f} ns/call",
+                  flush=True)
+    for d in per_variant.values():
+        d["stats_ns"] = bl.summarize(d["per_call_ns"])
+    return per_variant
+
+
+def run_cpp_modes(rounds, blocks, calls, warmup):
+    exe = bl.artifact("bench", "bench_call_path", required=False)
+    if exe is None:
+        print("  (bench_call_path not built: skipping the C++ figures)")
+        return None
+    paths = {"plugin": bl.artifact("plugins", "libreference.so"),
+             "native": bl.artifact("bench", "libbench_native_add.so"),
+             "kernel": bl.artifact("plugins", "libreference.so")}
+    per_mode = {m: {"per_call_ns": [], "round_medians_ns": []} for m in CPP_MODES}
+    for r in range(rounds):
+        order = CPP_MODES[r % len(CPP_MODES):] + CPP_MODES[:r % len(CPP_MODES)]
+        for m in order:
+            cmd = [exe, m] + ([paths[m]] if m in paths else []) + [
+                "--numel", str(NUMEL), "--blocks", str(blocks), "--calls", str(calls),
+                "--warmup", str(warmup)]
+            res = bl.run_json(cmd)
+            d = per_mode[m]
+            d["per_call_ns"] += res["per_call_ns"]
+            d["round_medians_ns"].append(bl.summarize(res["per_call_ns"])["median"])
+            if res.get("note"):
+                d["note"] = res["note"]
+    for d in per_mode.values():
+        d["stats_ns"] = bl.summarize(d["per_call_ns"])
+    return per_mode
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and repetitions")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--blocks", type=int)
+    parser.add_argument("--calls", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--no-cpp", action="store_true", help="skip the C++ figures")
+    parser.add_argument("--out", default=os.path.join(bl.RESULTS_DIR, "plugin_call.json"))
+    args = parser.parse_args()
+
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.blocks, args.calls, args.warmup)))
+        return
+
+    rounds, blocks, calls, warmup = QUICK if args.quick else FULL
+    machine = bl.machine()
+    load_start = bl.loadavg()
+    print(f"torch.add on {NUMEL} float32: {rounds} rounds x {blocks} blocks x {calls} calls "
+          f"per variant", flush=True)
+    py = run_python_variants(rounds, blocks, calls, warmup)
+    cpp = None if args.no_cpp else run_cpp_modes(rounds, blocks, calls, warmup)
+
+    med = {v: py[v]["stats_ns"]["median"] for v in VARIANTS}
+    ratios = {
+        "plugin_over_native": med["plugin"] / med["native"],
+        "python_over_plugin": med["python"] / med["plugin"],
+        "python_noop_over_plugin": med["python_noop"] / med["plugin"],
+        "plugin_over_cpu": med["plugin"] / med["cpu"],
+        "native_over_cpu": med["native"] / med["cpu"],
+        "plugin_minus_native_ns": med["plugin"] - med["native"],
+    }
+    cpp_ratios = None
+    if cpp:
+        cm = {m: cpp[m]["stats_ns"]["median"] for m in CPP_MODES}
+        cpp_ratios = {"plugin_over_native": cm["plugin"] / cm["native"],
+                      "plugin_minus_native_ns": cm["plugin"] - cm["native"],
+                      "plugin_over_cpu": cm["plugin"] / cm["cpu"],
+                      "kernel_direct_minus_loop_ns": cm["kernel"] - cm["loop"]}
+    summary = [
+        {"metric": "plugin / native (Python, torch.add 64 f32)", "value": ratios["plugin_over_native"],
+         "target": f"<= {TARGETS['plugin_over_native_max']}",
+         "ok": ratios["plugin_over_native"] <= TARGETS["plugin_over_native_max"]},
+        {"metric": "python-kernel / plugin", "value": ratios["python_over_plugin"],
+         "target": f">= {TARGETS['python_over_plugin_min']}",
+         "ok": ratios["python_over_plugin"] >= TARGETS["python_over_plugin_min"]},
+        {"metric": "plugin / cpu eager", "value": ratios["plugin_over_cpu"], "target": None, "ok": None},
+    ]
+    if cpp_ratios:
+        summary.append({"metric": "plugin / native (C++ at::add, no Python)",
+                        "value": cpp_ratios["plugin_over_native"], "target": None, "ok": None})
+    report = {"benchmark": "bench_plugin_call", "quick": args.quick, "numel": NUMEL,
+              "dtype": "float32", "op": "torch.add(a, b) -> aten::add.Tensor -> aten::add.out",
+              "machine": machine, "loadavg_start": load_start, "loadavg_end": bl.loadavg(),
+              "config": {"rounds": rounds, "blocks_per_worker": blocks, "calls_per_block": calls,
+                         "warmup_calls": warmup},
+              "targets": TARGETS, "median_ns": med, "ratios": ratios,
+              "python": py, "cpp": cpp, "cpp_ratios": cpp_ratios, "summary": summary}
+    path = bl.write_json("plugin_call.json", report, args.out)
+
+    print()
+    print(bl.machine_line(machine) + (" (quick)" if args.quick else ""))
+    header = (f"{'from Python: torch.add':24s} {'median us':>10s} {'p10 us':>8s} {'p90 us':>8s} "
+              f"{'rounds min..max us':>19s} {'/ plugin':>9s}")
+    print(header)
+    print("-" * len(header))
+    for v in VARIANTS:
+        s, rm = py[v]["stats_ns"], py[v]["round_medians_ns"]
+        print(f"{v:24s} {s['median'] / 1e3:>10.2f} {s['p10'] / 1e3:>8.2f} {s['p90'] / 1e3:>8.2f} "
+              f"{min(rm) / 1e3:>9.2f}..{max(rm) / 1e3:<9.2f} {s['median'] / med['plugin']:>9.2f}")
+    if cpp:
+        print()
+        header = f"{'from C++ (no Python)':24s} {'median ns':>10s} {'p10 ns':>8s} {'p90 ns':>8s}"
+        print(header)
+        print("-" * len(header))
+        names = {"plugin": "at::add, plugin", "native": "at::add, native kernel",
+                 "cpu": "at::add, CPU", "kernel": "plugin kernel direct",
+                 "loop": "float loop alone"}
+        for m in CPP_MODES:
+            s = cpp[m]["stats_ns"]
+            print(f"{names[m]:24s} {s['median']:>10.0f} {s['p10']:>8.0f} {s['p90']:>8.0f}")
+    print()
+    print(f"plugin / native      {ratios['plugin_over_native']:.3f}  (target <= "
+          f"{TARGETS['plugin_over_native_max']}; +{ratios['plugin_minus_native_ns']:.0f} ns/call)")
+    print(f"python / plugin      {ratios['python_over_plugin']:.2f}   (target >= "
+          f"{TARGETS['python_over_plugin_min']:.0f}; empty Python kernel: "
+          f"{ratios['python_noop_over_plugin']:.2f})")
+    print(f"plugin / cpu eager   {ratios['plugin_over_cpu']:.2f}   (native / cpu "
+          f"{ratios['native_over_cpu']:.2f})")
+    if cpp_ratios:
+        print(f"C++: plugin / native {cpp_ratios['plugin_over_native']:.3f} "
+              f"(+{cpp_ratios['plugin_minus_native_ns']:.0f} ns); plugin kernel body vs bare loop "
+              f"+{cpp_ratios['kernel_direct_minus_loop_ns']:.0f} ns")
+    print(f"\nraw samples: {path}")
+
+
+if __name__ == "__main__":
+    main()
