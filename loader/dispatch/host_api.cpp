@@ -2,6 +2,8 @@
 
 #include <ATen/EmptyTensor.h>
 
+#include <array>
+
 #include "common/log.h"
 #include "device/allocator.h"
 
@@ -29,11 +31,17 @@ constexpr DtypeEntry kDtypes[] = {
     {c10::ScalarType::ComplexDouble, {MAXDEV_TYPE_COMPLEX, 128, 1}, MAXDEV_DTYPE_COMPLEX128},
 };
 
+// By scalar type, for the per-call lookups.
+constexpr size_t kTypeSlots = static_cast<size_t>(c10::ScalarType::NumOptions);
+const std::array<const DtypeEntry*, kTypeSlots> kByType = [] {
+  std::array<const DtypeEntry*, kTypeSlots> by_type{};
+  for (const auto& e : kDtypes) by_type[static_cast<size_t>(e.type)] = &e;
+  return by_type;
+}();
+
 const DtypeEntry* find(c10::ScalarType type) {
-  for (const auto& e : kDtypes) {
-    if (e.type == type) return &e;
-  }
-  return nullptr;
+  const auto index = static_cast<size_t>(type);
+  return index < kTypeSlots ? kByType[index] : nullptr;
 }
 
 maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype dtype, int32_t ndim,

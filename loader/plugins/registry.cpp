@@ -40,12 +40,15 @@ std::string qualified(const c10::OperatorName& name) {
   return name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
 }
 
-bool namespace_has_foreign_ops(const std::string& ns, const std::set<std::string>& ours) {
-  const std::string prefix = ns + "::";
+// Namespaces that hold ops registered outside max_device (one pass over
+// the dispatcher's ops per load, not per op).
+std::set<std::string> foreign_namespaces(const std::set<std::string>& ours) {
+  std::set<std::string> out;
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (name.name.rfind(prefix, 0) == 0 && ours.count(qualified(name)) == 0) return true;
+    const auto sep = name.name.find("::");
+    if (sep != std::string::npos && ours.count(qualified(name)) == 0) out.insert(name.name.substr(0, sep));
   }
-  return false;
+  return out;
 }
 
 }  // namespace
@@ -131,6 +134,7 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
 
   // Every op is checked before anything is registered.
   std::set<std::string> seen;
+  std::optional<std::set<std::string>> foreign;  // computed on first need
   for (const auto& k : manifest.kernels) {
     if (!seen.insert(k.op).second) ctx.fail(ErrorKind::manifest, "the plugin lists this op twice", k.op);
     const auto sep = k.op.find("::");
@@ -181,9 +185,12 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
       ctx.fail(ErrorKind::schema, "namespace '" + ns + "' belongs to PyTorch; define ops in your own namespace",
                k.op);
     }
-    std::set<std::string> ours_names;
-    for (const auto& c : custom_ops_) ours_names.insert(c->name);
-    if (namespace_has_foreign_ops(ns, ours_names)) {
+    if (!foreign) {
+      std::set<std::string> ours;
+      for (const auto& c : custom_ops_) ours.insert(c->name);
+      foreign = foreign_namespaces(ours);
+    }
+    if (foreign->count(ns) != 0) {
       ctx.fail(ErrorKind::schema, "namespace '" + ns + "' already holds ops registered outside max_device", k.op);
     }
     auto plan = dispatch::plan_signature(parsed);

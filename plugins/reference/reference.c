@@ -340,17 +340,39 @@ static float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 static float sigmoid(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
 
 #define EW_AT(k, i, type) (*(type*)(p[k] + (i) * s[k]))
+/* Rows whose operands are all dense take a plain indexed loop, which the
+ * compiler vectorizes; other rows step by their byte strides. */
+#define EW_DENSE(k) (s[k] == (int64_t)sizeof(float))
 #define EW_UNARY(expr)                                   \
-  for (int64_t i = 0; i < n; ++i) {                      \
-    const float a = EW_AT(1, i, const float);            \
-    EW_AT(0, i, float) = (expr);                         \
+  if (EW_DENSE(0) && EW_DENSE(1)) {                      \
+    float* o = (float*)p[0];                             \
+    const float* x = (const float*)p[1];                 \
+    for (int64_t i = 0; i < n; ++i) {                    \
+      const float a = x[i];                              \
+      o[i] = (expr);                                     \
+    }                                                    \
+  } else {                                               \
+    for (int64_t i = 0; i < n; ++i) {                    \
+      const float a = EW_AT(1, i, const float);          \
+      EW_AT(0, i, float) = (expr);                       \
+    }                                                    \
   }                                                      \
   break
 #define EW_BINARY(expr)                                  \
-  for (int64_t i = 0; i < n; ++i) {                      \
-    const float a = EW_AT(1, i, const float);            \
-    const float b = EW_AT(2, i, const float);            \
-    EW_AT(0, i, float) = (expr);                         \
+  if (EW_DENSE(0) && EW_DENSE(1) && EW_DENSE(2)) {       \
+    float* o = (float*)p[0];                             \
+    const float* x = (const float*)p[1];                 \
+    const float* y = (const float*)p[2];                 \
+    for (int64_t i = 0; i < n; ++i) {                    \
+      const float a = x[i], b = y[i];                    \
+      o[i] = (expr);                                     \
+    }                                                    \
+  } else {                                               \
+    for (int64_t i = 0; i < n; ++i) {                    \
+      const float a = EW_AT(1, i, const float);          \
+      const float b = EW_AT(2, i, const float);          \
+      EW_AT(0, i, float) = (expr);                       \
+    }                                                    \
   }                                                      \
   break
 
