@@ -137,6 +137,18 @@ void raise_kernel_error(const std::string& plugin, const std::string& op, const 
   throw python_error();
 }
 
+// Runs a registry change without the GIL (it may wait for calls in flight,
+// which may need the GIL) and describes the plugin it leaves.
+template <typename Change>
+py::dict change_plugin(Change&& change) {
+  plugins::PluginInfo info;
+  {
+    py::gil_scoped_release nogil;
+    info = change();
+  }
+  return plugin_info(info);
+}
+
 // Python callables as the registry's checks; each runs with the GIL.
 plugins::Checks checks_from(py::object before_open, py::object before_publish) {
   plugins::Checks checks;
@@ -165,32 +177,17 @@ void bind_plugins(py::module_& m) {
   m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name, py::object before_open,
                            py::object before_publish) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
-    plugins::PluginInfo info;
-    {
-      py::gil_scoped_release nogil;
-      info = plugins::PluginRegistry::instance().load(path, name, checks);
-    }
-    return plugin_info(info);
+    return change_plugin([&] { return plugins::PluginRegistry::instance().load(path, name, checks); });
   }, py::arg("path"), py::arg("name") = py::none(), py::arg("before_open") = py::none(),
      py::arg("before_publish") = py::none());
   m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force,
                              py::object before_open, py::object before_publish) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
-    plugins::PluginInfo info;
-    {
-      py::gil_scoped_release nogil;
-      info = plugins::PluginRegistry::instance().reload(name, {path, force}, checks);
-    }
-    return plugin_info(info);
+    return change_plugin([&] { return plugins::PluginRegistry::instance().reload(name, {path, force}, checks); });
   }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false,
      py::arg("before_open") = py::none(), py::arg("before_publish") = py::none());
   m.def("_rollback_plugin", [](const std::string& name) {
-    plugins::PluginInfo info;
-    {
-      py::gil_scoped_release nogil;
-      info = plugins::PluginRegistry::instance().rollback(name);
-    }
-    return plugin_info(info);
+    return change_plugin([&] { return plugins::PluginRegistry::instance().rollback(name); });
   });
   m.def("_push_override", [](const std::string& op, py::object fn, const std::string& label) {
     auto provider = make_python_override(std::move(fn), label);
