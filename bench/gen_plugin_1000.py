@@ -4,7 +4,12 @@ kernel (a float32 copy), listed once as an X-macro for MAXDEV_DEFINE_PLUGIN.
 bench/CMakeLists.txt runs it at build time (target bench_plugin_1000);
 bench_load.py times loading, unloading and inspecting the result.
 
-    python bench/gen_plugin_1000.py OUT.c [--count N]
+--namespace names both the plugin and its ops' namespace, --version the
+plugin version: bench/CMakeLists.txt also builds two versions of a
+100-op plugin "bench100" (1.0.0 and 2.0.0, different files) that
+bench_hot_swap reloads back and forth.
+
+    python bench/gen_plugin_1000.py OUT.c [--count N] [--namespace NS] [--version V]
 """
 
 import argparse
@@ -34,22 +39,27 @@ static maxdev_status copy_kernel(const maxdev_call* c) {
 """
 
 TAIL = """
-MAXDEV_DEFINE_PLUGIN("bench1k", "1.0.0", BENCH1K_KERNELS, NULL, NULL)
+MAXDEV_DEFINE_PLUGIN("@NS@", "@VERSION@", BENCH1K_KERNELS, NULL, NULL)
 """
 
 
-def source(count: int) -> str:
-    lines = [f'  K("bench1k::k{i}", "bench1k::k{i}(Tensor x) -> Tensor", copy_kernel, '
+def source(count: int, namespace: str = "bench1k", version: str = "1.0.0") -> str:
+    lines = [f'  K("{namespace}::k{i}", "{namespace}::k{i}(Tensor x) -> Tensor", copy_kernel, '
              f'MAXDEV_DTYPE_FLOAT32, MAXDEV_KERNEL_NO_CPU_TENSORS) \\' for i in range(count)]
-    return HEAD + "\n".join(lines) + "\n" + TAIL
+    tail = TAIL.replace("@NS@", namespace).replace("@VERSION@", version)
+    return HEAD + "\n".join(lines) + "\n" + tail
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--namespace", default="bench1k", help="plugin name and op namespace")
+    parser.add_argument("--version", default="1.0.0", help="plugin version string")
     args = parser.parse_args()
-    text = source(args.count)
+    if not args.namespace.isidentifier():
+        parser.error(f"--namespace {args.namespace!r} is not an identifier")
+    text = source(args.count, args.namespace, args.version)
     # Rewrite only on change, so a rerun does not relink the plugin.
     try:
         with open(args.out, encoding="utf-8") as f:

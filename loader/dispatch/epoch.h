@@ -14,7 +14,9 @@
 
 namespace maxdev::dispatch {
 
-struct ReaderRecord {
+// One cache line each: every call writes its thread's record, and two
+// threads' records sharing a line would bounce it between cores.
+struct alignas(64) ReaderRecord {
   std::atomic<uint64_t> epoch{0};  // 0: quiescent; else the epoch seen on entry
   uint32_t depth = 0;              // nesting (a kernel may call back into PyTorch)
   std::atomic<bool> in_use{false};
