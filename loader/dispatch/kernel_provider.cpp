@@ -188,7 +188,9 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
 
   const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, frame.data(), frame.size(),
                          static_cast<int32_t>(num_outputs), ctx.output_ptrs.data()};
+  owner_->in_flight.fetch_add(1, std::memory_order_relaxed);
   const maxdev_status status = fn_(&call);
+  owner_->in_flight.fetch_sub(1, std::memory_order_relaxed);
 
   if (status == MAXDEV_DECLINED) {
     declines.fetch_add(1, std::memory_order_relaxed);

@@ -5,6 +5,7 @@
 
 #include <max_device/plugin.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,7 @@ struct KernelOwner {
   std::string file;            // the user's path, for errors
   void* state = nullptr;       // from the plugin's init
   std::shared_ptr<const void> keep_alive;  // holds the library mapped
+  mutable std::atomic<int64_t> in_flight{0};  // kernel calls running now
 };
 
 class KernelProvider final : public Provider {

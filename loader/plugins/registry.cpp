@@ -58,6 +58,7 @@ struct PluginRegistry::Version {
   PluginInfo info;
   Snapshot snapshot;
   std::shared_ptr<PluginLibrary> library;
+  std::shared_ptr<const dispatch::KernelOwner> owner;  // what its kernels share
   std::vector<std::pair<std::string, std::shared_ptr<dispatch::Provider>>> providers;  // (op, provider)
 };
 
@@ -239,6 +240,7 @@ std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepare
   owner->file = v.info.path;
   owner->state = v.library->state();
   owner->keep_alive = v.library;
+  v.owner = owner;
   const auto& def = v.library->def();
   for (int64_t i = 0; i < def.num_kernels; ++i) {
     const maxdev_kernel_def& kernel = def.kernels[i];
@@ -315,6 +317,7 @@ void PluginRegistry::release_custom_ops(const std::string& plugin, const std::ve
 void PluginRegistry::close_versions(std::vector<std::shared_ptr<Version>> versions, bool* all_unmapped) {
   for (auto& v : versions) {
     v->providers.clear();
+    v->owner.reset();
     const bool unmapped = v->library->close();
     remove_snapshot(v->snapshot);
     if (!unmapped) {
@@ -471,6 +474,7 @@ std::vector<PluginInfo> PluginRegistry::plugins() const {
   for (const auto& p : plugins_) {
     out.push_back(p->current->info);
     out.back().previous_versions = static_cast<int64_t>(p->previous.size());
+    out.back().calls_in_flight = p->current->owner->in_flight.load(std::memory_order_relaxed);
   }
   return out;
 }

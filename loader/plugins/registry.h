@@ -41,6 +41,7 @@ struct PluginInfo {
   int64_t loaded_at_ns = 0;          // wall clock, when this version was published
   int64_t load_duration_ns = 0;      // snapshot to publish, for this version
   int64_t previous_versions = 0;     // older versions still mapped (rollback targets)
+  int64_t calls_in_flight = 0;       // kernel calls of this version running now
 };
 
 struct UnloadReport {

@@ -101,6 +101,7 @@ py::dict plugin_info(const plugins::PluginInfo& info) {
   d["loaded_at_ns"] = info.loaded_at_ns;
   d["load_duration_ns"] = info.load_duration_ns;
   d["previous_versions"] = info.previous_versions;
+  d["calls_in_flight"] = info.calls_in_flight;
   return d;
 }
 

@@ -57,6 +57,8 @@ class Plugin:
                             doc="snapshot to publish, for this version")
     previous_versions = property(lambda self: self._info["previous_versions"],
                                  doc="older versions still mapped (rollback targets)")
+    calls_in_flight = property(lambda self: self._info["calls_in_flight"],
+                               doc="kernel calls of this version running when listed")
 
     @property
     def loaded(self) -> bool:

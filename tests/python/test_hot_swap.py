@@ -115,3 +115,17 @@ def test_calls_from_other_threads_never_fail_during_reloads(workdir_plugin, plug
         t.join()
     assert errors == []
     assert seen <= {1.0, 2.0}
+
+
+def test_list_plugins_shows_calls_in_flight(load_plugin, plugin_file):
+    plugin = load_plugin(plugin_file("sdk_example"))
+    x = torch.ones(4096, 4096, device=DEVICE)
+    w = torch.ones(4096, device=DEVICE)
+    worker = threading.Thread(target=lambda: [torch.ops.myplug.rms_norm(x, w, 1e-6) for _ in range(20)])
+    worker.start()
+    seen = 0
+    while worker.is_alive():
+        seen = max(seen, max_device.get_plugin(plugin.name).calls_in_flight)
+    worker.join()
+    assert seen == 1
+    assert max_device.get_plugin(plugin.name).calls_in_flight == 0
