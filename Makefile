@@ -12,7 +12,8 @@ JOBS ?= $(shell nproc)
 APT_PACKAGES := cmake g++ make pkg-config ccache libboost-dev libspdlog-dev libelf-dev libgtest-dev binutils
 STAMPS := $(BUILD)/.stamps
 
-.PHONY: all deps build demo test test-cpp test-python bench clean
+.PHONY: all deps build demo test test-cpp test-python bench clean \
+        sanitize sanitize-asan sanitize-tsan sanitize-build-asan sanitize-build-tsan sanitize-clean
 
 all: build
 
@@ -58,5 +59,58 @@ test: test-cpp test-python
 bench: build
 	$(PY) bench/run_all.py
 
+# --- Sanitizers: make sanitize = sanitize-asan, then sanitize-tsan ----------
+# Each has its own tree (build-asan: -fsanitize=address,undefined; build-tsan:
+# -fsanitize=thread) whose loader, _C, plugins, fixtures and tests are all
+# instrumented, and whose libraries go to <tree>/python/max_device (never
+# python/). tests/sanitizers/run.sh runs ctest, then pytest with that package
+# and the sanitizer runtime preloaded into Python; see tests/sanitizers/README.md.
+# SAN_JOBS: build and ctest parallelism (CI has 2 cores).
+SAN_JOBS ?= 2
+SAN_RUN := PY=$(PY) CTEST_JOBS=$(SAN_JOBS) tests/sanitizers/run.sh
+# pytest under ASan+UBSan: everything (OpInfo included).
+SAN_ASAN_PYTEST ?=
+# pytest under TSan: the tests that run threads (plugin threads, hot swap,
+# the watcher), load/unload/swap/override/validate plugins, change the
+# fallback and move data zero-copy; OpInfo and the pure op, dtype, view and
+# factory tests run no thread or loader path that these do not.
+SAN_TSAN_PYTEST ?= tests/python/test_plugin_threads.py tests/python/test_hot_swap.py \
+  tests/python/test_watch.py tests/python/test_overrides.py tests/python/test_validation.py \
+  tests/python/test_plugin_lifecycle.py \
+  tests/python/test_plugin_decline.py tests/python/test_plugin_errors.py \
+  tests/python/test_plugin_custom_op.py tests/python/test_plugin_listing.py \
+  tests/python/test_plugin_reference_ops.py tests/python/test_fallback_policy.py \
+  tests/python/test_zero_copy.py tests/python/test_memory.py tests/python/test_generator.py \
+  tests/python/test_logging.py tests/python/test_autograd.py
+
+build-asan/Makefile: $(STAMPS)/venv CMakeLists.txt
+	cmake -S . -B build-asan -DPython3_EXECUTABLE=$(CURDIR)/$(PY) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMAXDEV_SANITIZE=address,undefined -DMAXDEV_BUILD_BENCH=OFF \
+	  -DMAXDEV_PACKAGE_DIR=$(CURDIR)/build-asan/python/max_device
+
+build-tsan/Makefile: $(STAMPS)/venv CMakeLists.txt
+	cmake -S . -B build-tsan -DPython3_EXECUTABLE=$(CURDIR)/$(PY) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMAXDEV_SANITIZE=thread -DMAXDEV_BUILD_BENCH=OFF \
+	  -DMAXDEV_PACKAGE_DIR=$(CURDIR)/build-tsan/python/max_device
+
+sanitize-build-asan: build-asan/Makefile
+	cmake --build build-asan -j $(SAN_JOBS)
+
+sanitize-build-tsan: build-tsan/Makefile
+	cmake --build build-tsan -j $(SAN_JOBS)
+
+sanitize-asan: sanitize-build-asan
+	$(SAN_RUN) asan build-asan cpp
+	$(SAN_RUN) asan build-asan python $(SAN_ASAN_PYTEST)
+
+sanitize-tsan: sanitize-build-tsan
+	$(SAN_RUN) tsan build-tsan cpp
+	$(SAN_RUN) tsan build-tsan python $(SAN_TSAN_PYTEST)
+
+sanitize: sanitize-asan sanitize-tsan
+
 clean:
 	rm -rf $(BUILD) python/max_device/_C*.so python/max_device/libmax_device_loader.so python/max_device/sdk
+
+sanitize-clean:
+	rm -rf build-asan build-tsan

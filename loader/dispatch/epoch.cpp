@@ -23,7 +23,10 @@ bool setup_membarrier() {
 }
 
 std::mutex records_mutex;
-std::deque<ReaderRecord> records;  // never shrinks: records are reused
+// Never shrinks (records are reused) and never destroyed: threads that
+// outlive static destruction (PyTorch's autograd workers) still give their
+// record back when they exit.
+std::deque<ReaderRecord>& records = *new std::deque<ReaderRecord>;
 
 // Gives the record back when its thread exits.
 struct RecordReleaser {

@@ -21,18 +21,22 @@ constexpr const char* kNativeOps[] = {
 
 class Trampoline final : public c10::OperatorKernel {
  public:
-  explicit Trampoline(OpSlot* slot) : slot_(slot) {}
+  // The trampoline reaches other threads through the dispatcher's kernel
+  // table, which PyTorch reads without synchronization; the release/acquire
+  // pair on slot_ orders the slot's construction before any call reads it.
+  explicit Trampoline(OpSlot* slot) { slot_.store(slot, std::memory_order_release); }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const OpSlot* slot = slot_.load(std::memory_order_acquire);
     ReadGuard guard;
     const DispatchTable* table = OpTable::instance().current();
-    if (slot_->index < table->stacks.size()) {
-      const ProviderStack& providers = table->stacks[slot_->index];
+    if (slot->index < table->stacks.size()) {
+      const ProviderStack& providers = table->stacks[slot->index];
       for (auto it = providers.rbegin(); it != providers.rend(); ++it) {
-        if ((*it)->run(*slot_, stack)) return;
+        if ((*it)->run(*slot, stack)) return;
       }
     }
-    TORCH_CHECK_NOT_IMPLEMENTED(slot_->has_cpu_kernel, "max_device: no provider of ", slot_->name,
+    TORCH_CHECK_NOT_IMPLEMENTED(slot->has_cpu_kernel, "max_device: no provider of ", slot->name,
                                 " accepted these arguments and it has no CPU kernel to fall back to "
                                 "(see max_device.list_ops() for its providers and their declines)");
     note_fallback(op);
@@ -40,7 +44,7 @@ class Trampoline final : public c10::OperatorKernel {
   }
 
  private:
-  OpSlot* slot_;
+  std::atomic<const OpSlot*> slot_;
 };
 
 std::pair<std::string, std::string> split_name(const std::string& op) {
