@@ -11,13 +11,13 @@ a table of ratios (device median / CPU median; 1.0 = no overhead).
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
 import torch
 
 import max_device
+from _benchlib import machine
 
 DEVICE = "max_device"
 SIZES = (64, 1 << 20, 1 << 24)
@@ -32,21 +32,6 @@ OPS = {
     # not structured: the fallback runs aten::relu and adopts the CPU output
     "relu": (lambda a, b: torch.relu(a), "aten::relu"),
 }
-
-
-def machine():
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu_model": model, "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def time_once(fn, a, b):
