@@ -9,9 +9,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::abi_mismatch: return "abi_mismatch";
     case ErrorKind::manifest: return "manifest";
     case ErrorKind::schema: return "schema";
-    case ErrorKind::kernel: return "kernel";
     case ErrorKind::state: return "state";
-    case ErrorKind::unload: return "unload";
   }
   return "unknown";
 }

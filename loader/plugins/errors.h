@@ -14,9 +14,7 @@ enum class ErrorKind {
   abi_mismatch,  // ABI version the host does not accept
   manifest,      // manifest missing, corrupt or contradicting the entry point
   schema,        // op name or schema the dispatcher refuses
-  kernel,        // a kernel failed at call time
   state,         // wrong lifecycle request (unknown plugin, name taken, ...)
-  unload,        // the library could not be released
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -138,16 +138,18 @@ void raise_kernel_error(const std::string& plugin, const std::string& op, const 
   throw python_error();
 }
 
-// Runs a registry change without the GIL (it may wait for calls in flight,
-// which may need the GIL) and describes the plugin it leaves.
+// Runs registry work without the GIL: a change may wait for calls in
+// flight, and listings wait for changes; either may need a Python override
+// (which takes the GIL) to finish first.
+template <typename Work>
+auto without_gil(Work&& work) {
+  py::gil_scoped_release nogil;
+  return work();
+}
+
 template <typename Change>
 py::dict change_plugin(Change&& change) {
-  plugins::PluginInfo info;
-  {
-    py::gil_scoped_release nogil;
-    info = change();
-  }
-  return plugin_info(info);
+  return plugin_info(without_gil(std::forward<Change>(change)));
 }
 
 // Python callables as the registry's checks; each runs with the GIL.
@@ -204,36 +206,22 @@ void bind_plugins(py::module_& m) {
     return plugins::PluginRegistry::instance().restore(op);
   });
   m.def("_unload_plugin", [](const std::string& name) {
-    plugins::UnloadReport report;
-    {
-      py::gil_scoped_release nogil;
-      report = plugins::PluginRegistry::instance().unload(name);
-    }
+    const auto report = without_gil([&] { return plugins::PluginRegistry::instance().unload(name); });
     py::dict d;
     d["name"] = report.name;
     d["unmapped"] = report.unmapped;
     return d;
   });
-  // Listings release the GIL while they wait for the registry: a change in
-  // progress may be waiting for a Python override that needs the GIL.
   m.def("_list_plugins", [] {
-    std::vector<plugins::PluginInfo> infos;
-    {
-      py::gil_scoped_release nogil;
-      infos = plugins::PluginRegistry::instance().plugins();
-    }
     py::list out;
-    for (const auto& info : infos) out.append(plugin_info(info));
+    for (const auto& info : without_gil([] { return plugins::PluginRegistry::instance().plugins(); })) {
+      out.append(plugin_info(info));
+    }
     return out;
   });
   m.def("_list_ops", [] {
-    std::vector<plugins::OpReport> ops;
-    {
-      py::gil_scoped_release nogil;
-      ops = plugins::PluginRegistry::instance().ops();
-    }
     py::list out;
-    for (const auto& op : ops) {
+    for (const auto& op : without_gil([] { return plugins::PluginRegistry::instance().ops(); })) {
       py::dict d;
       d["op"] = op.op;
       d["fallbacks"] = op.fallbacks;

@@ -19,7 +19,7 @@ from . import _C  # registers the device with PyTorch (allocator, guard, hooks, 
 from ._device import register_device as _register_device
 from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, KernelError, ManifestError, PluginError,
-                     PluginNotFoundError, PluginStateError, SchemaError, UnloadError)
+                     PluginNotFoundError, PluginStateError, SchemaError)
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
 from .validation import ValidationError
@@ -43,7 +43,7 @@ __all__ = [
     "Watch", "watch",
     # errors
     "AbiMismatchError", "BadImageError", "KernelError", "ManifestError", "PluginError",
-    "PluginNotFoundError", "PluginStateError", "SchemaError", "UnloadError", "ValidationError",
+    "PluginNotFoundError", "PluginStateError", "SchemaError", "ValidationError",
     # fallback and logs
     "fallback_counts", "fallback_policy", "reset_fallback_counts", "set_fallback_policy",
     "log_level", "set_log_level",

@@ -48,19 +48,13 @@ class PluginStateError(PluginError):
     already loaded, ...)."""
 
 
-class UnloadError(PluginError):
-    """A plugin could not be released."""
-
-
 _BY_KIND = {
     "not_found": PluginNotFoundError,
     "bad_image": BadImageError,
     "abi_mismatch": AbiMismatchError,
     "manifest": ManifestError,
     "schema": SchemaError,
-    "kernel": KernelError,
     "state": PluginStateError,
-    "unload": UnloadError,
 }
 
 

@@ -95,24 +95,25 @@ def artifacts(build_dir):
     return build_paths()
 
 
-@pytest.fixture(scope="session")
-def plugin_file(artifacts):
-    """plugin_file("reference") -> <build>/plugins/libreference.so."""
+def _built_file(directory, pattern):
+    """name -> the built file `pattern.format(name)` in `directory`."""
     def path(name):
-        p = os.path.join(artifacts["plugins"], f"lib{name}.so")
+        p = os.path.join(directory, pattern.format(name))
         assert os.path.isfile(p), f"{p} is not built"
         return p
     return path
+
+
+@pytest.fixture(scope="session")
+def plugin_file(artifacts):
+    """plugin_file("reference") -> <build>/plugins/libreference.so."""
+    return _built_file(artifacts["plugins"], "lib{}.so")
 
 
 @pytest.fixture(scope="session")
 def fixture_file(artifacts):
     """fixture_file("good") -> <build>/tests/fixtures/good.so."""
-    def path(name):
-        p = os.path.join(artifacts["fixtures"], f"{name}.so")
-        assert os.path.isfile(p), f"{p} is not built"
-        return p
-    return path
+    return _built_file(artifacts["fixtures"], "{}.so")
 
 
 @pytest.fixture(scope="session")
