@@ -55,6 +55,40 @@ def to_cpu(value):
     return value
 
 
+# Arguments PyTorch requires on the CPU whatever the input's device (OpInfo
+# name -> positions in sample.args): they stay on the CPU.
+ARGS_KEPT_ON_CPU = {"tensor_split": {0}}
+
+
+def sample_to_device(opinfo, sample):
+    """(input, args, kwargs) of an OpInfo sample on max_device, sharing
+    storages as on the CPU; arguments PyTorch wants on the CPU stay there."""
+    dev_input, dev_args, dev_kwargs = to_device((sample.input, sample.args, sample.kwargs))
+    keep = ARGS_KEPT_ON_CPU.get(opinfo.name, ())
+    dev_args = tuple(sample.args[i] if i in keep else a for i, a in enumerate(dev_args))
+    return dev_input, dev_args, dev_kwargs
+
+
+def opinfo_tolerance(opinfo, dtype) -> dict:
+    """``{"atol": ..., "rtol": ...}`` from a toleranceOverride the OpInfo
+    declares for TestCommon.test_compare_cpu (PyTorch's own "device vs CPU"
+    test) for ``dtype``, else ``{}`` (assert_close's dtype defaults)."""
+    from torch.testing._internal.common_device_type import toleranceOverride
+    from torch.testing._internal.opinfo.core import DecorateInfo
+    for info in opinfo.decorators:
+        if not isinstance(info, DecorateInfo) or info.test_name not in (None, "test_compare_cpu"):
+            continue
+        if info.cls_name not in (None, "TestCommon"):
+            continue
+        if info.device_type not in (None, "cpu", DEVICE, "privateuse1") or \
+                (info.dtypes and dtype not in info.dtypes):
+            continue
+        for deco in info.decorators:
+            if isinstance(deco, toleranceOverride) and dtype in deco.d:
+                return {"atol": deco.d[dtype].atol, "rtol": deco.d[dtype].rtol}
+    return {}
+
+
 @functools.lru_cache(maxsize=None)
 def _op_db():
     from torch.testing._internal.common_methods_invocations import op_db

@@ -22,11 +22,10 @@ import pytest
 import torch
 
 import max_device  # noqa: F401  (registers the device)
-from max_device.testing import to_cpu, to_device
-from torch.testing._internal.common_device_type import toleranceOverride
+from max_device.testing import opinfo_tolerance, sample_to_device, to_cpu
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.testing._internal.opinfo.core import (BinaryUfuncInfo, DecorateInfo, ReductionOpInfo,
-                                                 ShapeFuncInfo, UnaryUfuncInfo)
+from torch.testing._internal.opinfo.core import (BinaryUfuncInfo, ReductionOpInfo, ShapeFuncInfo,
+                                                 UnaryUfuncInfo)
 
 DEVICE = "max_device"
 DTYPES = (torch.float32, torch.int64)
@@ -53,10 +52,6 @@ _OPINFO_CLASSES = (UnaryUfuncInfo, BinaryUfuncInfo, ReductionOpInfo, ShapeFuncIn
 # all (CUDA-only jiterator): not generated, like any op without CPU support.
 CPU_UNSUPPORTED = {"jiterator_unary", "jiterator_binary", "jiterator_binary_return_by_ref",
                    "jiterator_4inputs_with_extra_args"}
-
-# Arguments PyTorch requires on the CPU whatever the input's device (by
-# position in sample.args): they stay on the CPU.
-ARGS_KEPT_ON_CPU = {"tensor_split": {0}}
 
 # op id ("name" or "name.variant") -> reason; applies to every dtype of the op,
 # or (op id, dtype name) -> reason for one dtype, or (op id, "error_inputs").
@@ -113,29 +108,6 @@ def _error_cases():
         yield pytest.param(op, id=_op_id(op), marks=marks)
 
 
-def _sample_to_device(op, sample):
-    dev_input, dev_args, dev_kwargs = to_device((sample.input, sample.args, sample.kwargs))
-    keep = ARGS_KEPT_ON_CPU.get(op.name, ())
-    dev_args = tuple(sample.args[i] if i in keep else a for i, a in enumerate(dev_args))
-    return dev_input, dev_args, dev_kwargs
-
-
-def _tolerance(op, dtype):
-    """(atol, rtol) from a toleranceOverride the op declares for
-    TestCommon.test_compare_cpu, or None for assert_close's defaults."""
-    for info in op.decorators:
-        if not isinstance(info, DecorateInfo) or info.test_name not in (None, "test_compare_cpu"):
-            continue
-        if info.cls_name not in (None, "TestCommon"):
-            continue
-        if info.device_type not in (None, "cpu", DEVICE) or (info.dtypes and dtype not in info.dtypes):
-            continue
-        for deco in info.decorators:
-            if isinstance(deco, toleranceOverride) and dtype in deco.d:
-                return deco.d[dtype].atol, deco.d[dtype].rtol
-    return None
-
-
 def _storage_ptrs(value):
     if isinstance(value, torch.Tensor):
         return {value.untyped_storage().data_ptr()}
@@ -159,14 +131,13 @@ def _check_views(cpu_out, dev_out, cpu_in, dev_in):
 
 @pytest.mark.parametrize("op, dtype", list(_cases()))
 def test_opinfo_matches_cpu(op, dtype):
-    tolerance = _tolerance(op, dtype)
-    kwargs_tol = {} if tolerance is None else {"atol": tolerance[0], "rtol": tolerance[1]}
+    kwargs_tol = opinfo_tolerance(op, dtype)
     ran = 0
     for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
         if ran == MAX_SAMPLES:
             break
         ran += 1
-        dev_input, dev_args, dev_kwargs = _sample_to_device(op, sample)
+        dev_input, dev_args, dev_kwargs = sample_to_device(op, sample)
         expected = op(sample.input, *sample.args, **sample.kwargs)
         actual = op(dev_input, *dev_args, **dev_kwargs)
         torch.testing.assert_close(to_cpu(actual), expected, equal_nan=True, **kwargs_tol,
@@ -188,7 +159,7 @@ def test_opinfo_error_inputs(op):
             cpu_error = e
         if cpu_error is None:
             continue  # not an error on this build's CPU: nothing to compare
-        dev_input, dev_args, dev_kwargs = _sample_to_device(op, sample)
+        dev_input, dev_args, dev_kwargs = sample_to_device(op, sample)
         with pytest.raises(Exception) as info:
             op(dev_input, *dev_args, **dev_kwargs)
         assert type(info.value) is type(cpu_error), (
