@@ -93,6 +93,17 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return at::native::_local_scalar_dense_cpu(scope.to_cpu(self));
 }
 
+// nn.Module.to() keeps each Parameter object, and so weights tied between
+// modules, only when this allows `param.data = converted`. PyTorch's own
+// answer lists only its in-tree dense backends; a max_device tensor is a
+// plain strided TensorImpl over host memory, interchangeable with a CPU one.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  const auto dense_host = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.is_cpu() || is_device_tensor(t));
+  };
+  return dense_host(self) && dense_host(from);
+}
+
 }  // namespace
 }  // namespace maxdev::device
 
@@ -111,4 +122,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }

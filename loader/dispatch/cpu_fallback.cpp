@@ -326,13 +326,18 @@ void register_fallback(torch::Library& m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
 }
 
-void register_renamed_cpu_kernels(torch::Library& m) {
+void register_cpu_kernel_routes(torch::Library& m) {
   m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&fallback_via<&cpu_convolution>>());
   m.impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&fallback_via<&cpu_convolution_backward>>());
+  // native_layer_norm has a CompositeExplicitAutograd kernel (through
+  // native_batch_norm) that would take precedence over the fallback: run
+  // the CPU's layer-norm kernel instead, so a model computes what it
+  // computes on the CPU, bit for bit.
+  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
 }
 
 }  // namespace maxdev::dispatch
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { maxdev::dispatch::register_fallback(m); }
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { maxdev::dispatch::register_renamed_cpu_kernels(m); }
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { maxdev::dispatch::register_cpu_kernel_routes(m); }

@@ -88,3 +88,19 @@ def test_printing():
     big = torch.arange(5000.0, device=DEVICE)
     assert "..." in repr(big)
     assert "dtype=torch.int32" in repr(torch.ones(2, dtype=torch.int32, device=DEVICE))
+
+
+def test_module_to_keeps_parameters_and_ties():
+    """nn.Module.to() converts parameters in place (param.data = ...), so
+    Parameter objects, optimizer references and weights tied between
+    modules survive; PyTorch allows that only for compatible tensor types."""
+    embedding = torch.nn.Embedding(8, 4)
+    head = torch.nn.Linear(4, 8, bias=False)
+    head.weight = embedding.weight
+    model = torch.nn.Sequential(embedding, head)
+    weight = embedding.weight
+    model.to(DEVICE)
+    assert model[0].weight is weight and model[1].weight is weight
+    assert weight.device.type == DEVICE
+    model.to("cpu")
+    assert model[1].weight is weight and weight.device.type == "cpu"

@@ -1,0 +1,202 @@
+"""Training-step time of the small GPT of examples/gpt.py (forward, backward
+and AdamW step) in three variants, side by side:
+
+  cpu        CPU eager
+  fallback   max_device with no plugin: every op on the zero-copy CPU fallback
+  reference  max_device with the reference plugin (build/plugins/libreference.so)
+
+All three run in one process, interleaved: each round times a block of
+steps of every variant, in a rotating order; the plugin is loaded just
+before the reference block and unloaded after it. Each variant trains its
+own model from the same seed on a fixed batch. The benchmark also counts,
+for one step, the op calls that reach the plugin and those that run on the
+fallback.
+
+    PYTHONPATH=python .venv/bin/python bench/bench_gpt.py [--quick]
+
+Writes bench/results/gpt.json (per-step samples, routing, machine).
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchlib as bl  # noqa: E402
+
+sys.path.insert(0, os.path.join(bl.REPO, "examples"))
+import gpt  # noqa: E402
+import max_device  # noqa: E402
+
+VARIANTS = ("cpu", "fallback", "reference")
+SEED = 0
+# name -> (model config, batch size): the size tests/python/test_gpt.py
+# trains, where per-op overhead dominates, and a wider one where the
+# kernels' arithmetic does (kept small: the reference plugin's plain C
+# loops are ~20x slower than the CPU's matmul at d=128, T=64, B=8).
+CONFIGS = {
+    "small": (gpt.GPTConfig(), 4),
+    "medium": (gpt.GPTConfig(n_embd=64, n_head=4, block_size=32), 8),
+}
+# (rounds, timed steps per block, untimed steps before each block)
+FULL = (15, 10, 2)
+QUICK = (4, 4, 1)
+
+
+class Variant:
+    """One model and optimizer on one device, and how to switch it on."""
+
+    def __init__(self, name, config, batch_size, plugin_path):
+        self.name = name
+        self.device = "cpu" if name == "cpu" else "max_device"
+        self.plugin_path = plugin_path if name == "reference" else None
+        self.plugin = None
+        self.model = gpt.make_model(config, SEED, self.device)
+        self.optimizer = gpt.make_optimizer(self.model)
+        tokens, targets = next(gpt.batches(config, batch_size, steps=1, seed=SEED))
+        self.tokens, self.targets = tokens.to(self.device), targets.to(self.device)
+
+    def __enter__(self):
+        if self.plugin_path:
+            self.plugin = max_device.load_plugin(self.plugin_path)
+        return self
+
+    def __exit__(self, *exc):
+        if self.plugin:
+            max_device.unload_plugin(self.plugin)
+            self.plugin = None
+
+    def step(self):
+        return gpt.train_step(self.model, self.optimizer, self.tokens, self.targets)
+
+    def timed_step_ns(self):
+        t0 = time.perf_counter_ns()
+        self.step()
+        return time.perf_counter_ns() - t0
+
+
+def plugin_calls():
+    """op -> calls served by a plugin so far (rows of .out ops only: the
+    variants PyTorch routes through them are counted there)."""
+    return {e["op"]: sum(layer["calls"] for layer in e["layers"])
+            for e in max_device.list_ops() if not e.get("via")}
+
+
+def one_step_routing(variant):
+    """Per op, the calls of one training step that reached the plugin and
+    those that ran on the CPU fallback."""
+    with variant:
+        max_device.reset_fallback_counts()
+        before = plugin_calls()
+        first_loss = variant.step().item()
+        served = {op: n - before.get(op, 0) for op, n in plugin_calls().items()}
+        fallback = max_device.fallback_counts()
+    return {"plugin": {op: n for op, n in sorted(served.items()) if n},
+            "fallback": dict(sorted(fallback.items())), "first_loss": first_loss}
+
+
+def bench_config(label, config, batch_size, rounds, steps, warmup, plugin_path):
+    variants = {name: Variant(name, config, batch_size, plugin_path) for name in VARIANTS}
+    routing = {name: one_step_routing(variants[name]) for name in ("fallback", "reference")}
+    with variants["cpu"]:
+        cpu_loss = variants["cpu"].step().item()
+    for name, r in routing.items():
+        # the same weights and batch: the first losses agree (see tests/python/test_gpt.py)
+        assert abs(r["first_loss"] - cpu_loss) < 1e-4, f"{label}/{name}: {r['first_loss']} vs {cpu_loss}"
+    assert routing["reference"]["plugin"], f"{label}: no op of the step reached the plugin"
+
+    samples = {name: [] for name in VARIANTS}
+    for i in range(rounds):
+        order = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]
+        for name in order:
+            v = variants[name]
+            with v:
+                for _ in range(warmup):
+                    v.step()
+                samples[name] += [v.timed_step_ns() for _ in range(steps)]
+    stats = {name: bl.summarize(s) for name, s in samples.items()}
+    median = {name: s["median"] for name, s in stats.items()}
+    plugin_ops = routing["reference"]["plugin"]
+    fallback_ops = routing["reference"]["fallback"]
+    return {
+        "config": dataclasses.asdict(config), "batch_size": batch_size,
+        "parameters": sum(p.numel() for p in variants["cpu"].model.parameters()),
+        "stats_ns": stats, "ratio_vs_cpu": {name: median[name] / median["cpu"] for name in VARIANTS},
+        "routing_one_step": {
+            "fallback_only": routing["fallback"]["fallback"],
+            "reference_plugin": plugin_ops, "reference_fallback": fallback_ops,
+            "plugin_calls": sum(plugin_ops.values()), "fallback_calls": sum(fallback_ops.values()),
+        },
+        "samples_ns": samples,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps")
+    parser.add_argument("--out", help="result file (default bench/results/gpt.json)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: the reference plugin's kernels are "
+                             "single-threaded, and on a shared machine idle-waiting thread pools "
+                             "dominate the variance)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rounds, steps, warmup = QUICK if args.quick else FULL
+    plugin_path = bl.artifact("plugins", "libreference.so")
+    max_device.set_log_level("warn")  # one info line per load/unload otherwise
+
+    machine, load_start = bl.machine(), bl.loadavg()
+    results = {}
+    for label, (config, batch_size) in CONFIGS.items():
+        results[label] = bench_config(label, config, batch_size, rounds, steps, warmup, plugin_path)
+        ratios = results[label]["ratio_vs_cpu"]
+        print(f"  {label}: fallback {ratios['fallback']:.2f}x cpu, "
+              f"reference {ratios['reference']:.2f}x cpu", flush=True)
+
+    summary = [{"metric": f"gpt train step, {label}, {name} / cpu", "value": r["ratio_vs_cpu"][name],
+                "target": None, "ok": None}
+               for label, r in results.items() for name in ("fallback", "reference")]
+    report = {"benchmark": "bench_gpt", "quick": args.quick, "machine": machine,
+              "loadavg_start": load_start, "loadavg_end": bl.loadavg(),
+              "config": {"rounds": rounds, "steps_per_block": steps, "warmup_steps": warmup,
+                         "optimizer": "AdamW (foreach=False)", "seed": SEED},
+              "results": results, "summary": summary}
+    path = bl.write_json("gpt.json", report, args.out)
+
+    print()
+    print(bl.machine_line(machine) + (" (quick)" if args.quick else ""))
+    header = (f"{'config':28s} {'variant':10s} {'median ms':>10s} {'p10..p90 ms':>15s} "
+              f"{'/ cpu':>6s} {'n':>4s}")
+    print(header)
+    print("-" * len(header))
+    for label, r in results.items():
+        c = r["config"]
+        desc = (f"{label} (d={c['n_embd']} L={c['n_layer']} T={c['block_size']} "
+                f"B={r['batch_size']})")
+        for name in VARIANTS:
+            s = r["stats_ns"][name]
+            print(f"{desc:28s} {name:10s} {s['median'] / 1e6:>10.2f} "
+                  f"{s['p10'] / 1e6:>7.2f}..{s['p90'] / 1e6:<7.2f} {r['ratio_vs_cpu'][name]:>6.2f} "
+                  f"{s['n']:>4d}")
+            desc = ""
+    # the ops of a step do not depend on the sizes: print each distinct routing once
+    routings = {}
+    for label, r in results.items():
+        routings.setdefault(repr(r["routing_one_step"]), (r["routing_one_step"], []))[1].append(label)
+    for routing, labels in routings.values():
+        total = routing["plugin_calls"] + routing["fallback_calls"]
+        print(f"\n{', '.join(labels)}: one step with the reference plugin: of {total} op calls "
+              f"not served by the device itself (factories, views, copies), "
+              f"{routing['plugin_calls']} reach the plugin, {routing['fallback_calls']} the fallback")
+        print("  plugin:   " + ", ".join(f"{op} x{n}" for op, n in routing["reference_plugin"].items()))
+        print("  fallback: " + ", ".join(f"{op} x{n}"
+                                         for op, n in routing["reference_fallback"].items()))
+    print(f"\nraw samples: {path}")
+
+
+if __name__ == "__main__":
+    main()

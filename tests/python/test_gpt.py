@@ -1,0 +1,84 @@
+"""The small GPT of examples/gpt.py trained on max_device matches the same
+run on the CPU: with the CPU fallback only, and with the reference plugin
+serving its kernels.
+
+Tolerances. Everything is float32 and the device run does not sum in the
+CPU's order: the reference plugin's mm/bmm/addmm/softmax/sum accumulate in
+double, and on max_device PyTorch computes layer norm through its
+composite (native_batch_norm) instead of the CPU's layer-norm kernel.
+Gradients therefore differ by float32 rounding (~1e-7 relative). AdamW
+divides each gradient by its own running magnitude, so a rounding
+difference in a gradient component close to zero can change that
+component's update by a fair part of the learning rate; after TRAIN_STEPS
+steps we allow 5% of one step's largest move (observed: ~5e-5). Losses are
+~4 and differ by ~1e-6.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+import max_device
+from conftest import REPO_ROOT, op_stats
+
+sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
+import gpt  # noqa: E402
+
+DEVICE = "max_device"
+TRAIN_STEPS = 8
+SEED = 0
+LOSS_ATOL = 1e-5
+PARAM_ATOL = 0.05 * gpt.LEARNING_RATE
+
+# Ops of the training step that the reference plugin serves: forward
+# (linear layers, attention, GELU, softmax, cross entropy, residuals) and
+# backward and AdamW (add/mul/div).
+PLUGIN_OPS_OF_THE_STEP = (
+    "aten::mm.out", "aten::addmm.out", "aten::bmm.out", "aten::gelu.out", "aten::_softmax.out",
+    "aten::_softmax_backward_data.out", "aten::_log_softmax.out",
+    "aten::_log_softmax_backward_data.out", "aten::add.out", "aten::mul.out", "aten::div.out",
+    "aten::sum.IntList_out",
+)
+
+
+@pytest.fixture(scope="module")
+def cpu_run():
+    return gpt.train("cpu", steps=TRAIN_STEPS, seed=SEED)
+
+
+def assert_matches_cpu(run, cpu_run):
+    assert len(run.losses) == TRAIN_STEPS
+    torch.testing.assert_close(torch.tensor(run.losses), torch.tensor(cpu_run.losses),
+                               rtol=0, atol=LOSS_ATOL)
+    # a dict comparison also checks the names: the head stayed tied to the embedding
+    torch.testing.assert_close(run.parameters, cpu_run.parameters, rtol=0, atol=PARAM_ATOL)
+    assert run.losses[-1] < 0.95 * run.losses[0], f"the loss did not go down: {run.losses}"
+
+
+def test_training_with_reference_plugin_matches_cpu(cpu_run, load_plugin, plugin_file):
+    load_plugin(plugin_file("reference"))
+    run = gpt.train(DEVICE, steps=TRAIN_STEPS, seed=SEED)
+    assert_matches_cpu(run, cpu_run)
+    for op in PLUGIN_OPS_OF_THE_STEP:
+        calls, declines, fallbacks = op_stats(op)
+        assert calls > 0, f"{op} never reached the reference plugin"
+        assert (declines, fallbacks) == (0, 0), f"{op}: {declines} declines, {fallbacks} fallbacks"
+
+
+def test_training_on_fallback_only_matches_cpu(cpu_run):
+    run = gpt.train(DEVICE, steps=TRAIN_STEPS, seed=SEED)
+    assert_matches_cpu(run, cpu_run)
+    counts = max_device.fallback_counts()
+    missing = [op for op in PLUGIN_OPS_OF_THE_STEP if not counts.get(op)]
+    assert not missing, f"ops of the step that did not run on the fallback: {missing}"
+
+
+def test_model_built_on_device_has_the_cpu_weights():
+    on_device = gpt.make_model(gpt.GPTConfig(), SEED, DEVICE)
+    on_cpu = gpt.make_model(gpt.GPTConfig(), SEED)
+    assert on_device.head.weight is on_device.token_embedding.weight
+    assert all(p.device.type == DEVICE for p in on_device.parameters())
+    torch.testing.assert_close({k: v.cpu() for k, v in on_device.state_dict().items()},
+                               on_cpu.state_dict(), rtol=0, atol=0)
