@@ -2,11 +2,10 @@
 run on the CPU: with the CPU fallback only, and with the reference plugin
 serving its kernels.
 
-Tolerances. Everything is float32 and the device run does not sum in the
-CPU's order: the reference plugin's mm/bmm/addmm/softmax/sum accumulate in
-double, and on max_device PyTorch computes layer norm through its
-composite (native_batch_norm) instead of the CPU's layer-norm kernel.
-Gradients therefore differ by float32 rounding (~1e-7 relative). AdamW
+Tolerances. With the fallback only, max_device runs the CPU's own kernels
+on the same bytes: the run is bit for bit the CPU's. With the plugin,
+everything is float32 and the plugin does not sum in the CPU's order (its
+mm/bmm/addmm/softmax/sum accumulate in double). Gradients therefore differ by float32 rounding (~1e-7 relative). AdamW
 divides each gradient by its own running magnitude, so a rounding
 difference in a gradient component close to zero can change that
 component's update by a fair part of the learning rate; after TRAIN_STEPS
@@ -48,12 +47,12 @@ def cpu_run():
     return gpt.train("cpu", steps=TRAIN_STEPS, seed=SEED)
 
 
-def assert_matches_cpu(run, cpu_run):
+def assert_matches_cpu(run, cpu_run, loss_atol=LOSS_ATOL, param_atol=PARAM_ATOL):
     assert len(run.losses) == TRAIN_STEPS
     torch.testing.assert_close(torch.tensor(run.losses), torch.tensor(cpu_run.losses),
-                               rtol=0, atol=LOSS_ATOL)
+                               rtol=0, atol=loss_atol)
     # a dict comparison also checks the names: the head stayed tied to the embedding
-    torch.testing.assert_close(run.parameters, cpu_run.parameters, rtol=0, atol=PARAM_ATOL)
+    torch.testing.assert_close(run.parameters, cpu_run.parameters, rtol=0, atol=param_atol)
     assert run.losses[-1] < 0.95 * run.losses[0], f"the loss did not go down: {run.losses}"
 
 
@@ -69,7 +68,7 @@ def test_training_with_reference_plugin_matches_cpu(cpu_run, load_plugin, plugin
 
 def test_training_on_fallback_only_matches_cpu(cpu_run):
     run = gpt.train(DEVICE, steps=TRAIN_STEPS, seed=SEED)
-    assert_matches_cpu(run, cpu_run)
+    assert_matches_cpu(run, cpu_run, loss_atol=0, param_atol=0)
     counts = max_device.fallback_counts()
     missing = [op for op in PLUGIN_OPS_OF_THE_STEP if not counts.get(op)]
     assert not missing, f"ops of the step that did not run on the fallback: {missing}"
