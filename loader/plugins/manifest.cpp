@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <sys/stat.h>
@@ -63,8 +64,8 @@ struct ElfFacts {
   std::vector<std::string> exported;  // defined, default-visibility dynamic symbols
 };
 
-ElfFacts read_elf(const std::string& path, const ErrorContext& ctx) {
-  if (elf_version(EV_CURRENT) == EV_NONE) ctx.fail(ErrorKind::bad_image, "libelf is unusable");
+// The whole file: libelf's ELF_C_READ reads all of it as well.
+std::vector<char> read_file(const std::string& path, const ErrorContext& ctx) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) ctx.fail(ErrorKind::not_found, std::string("cannot open: ") + std::strerror(errno));
   struct FdCloser {
@@ -73,9 +74,25 @@ ElfFacts read_elf(const std::string& path, const ErrorContext& ctx) {
   } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) ctx.fail(ErrorKind::not_found, "not a regular file");
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  std::vector<char> bytes(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ctx.fail(ErrorKind::not_found, std::string("cannot read: ") + std::strerror(errno));
+    if (n == 0) break;  // shrunk since fstat: parse what is there
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
 
-  std::unique_ptr<Elf, ElfCloser> elf(elf_begin(fd, ELF_C_READ, nullptr));
+// `image` is the library's bytes; libelf may convert data in place, so it is
+// a buffer this reader owns.
+ElfFacts read_elf(std::vector<char>& image, const ErrorContext& ctx) {
+  if (elf_version(EV_CURRENT) == EV_NONE) ctx.fail(ErrorKind::bad_image, "libelf is unusable");
+  const uint64_t file_size = image.size();
+  std::unique_ptr<Elf, ElfCloser> elf(image.empty() ? nullptr : elf_memory(image.data(), image.size()));
   if (!elf || elf_kind(elf.get()) != ELF_K_ELF) ctx.fail(ErrorKind::bad_image, "not an ELF file");
   GElf_Ehdr header;
   if (gelf_getehdr(elf.get(), &header) == nullptr) {
@@ -105,7 +122,9 @@ ElfFacts read_elf(const std::string& path, const ErrorContext& ctx) {
     if (gelf_getshdr(scn, &section) == nullptr) {
       ctx.fail(ErrorKind::bad_image, std::string("corrupt section header: ") + elf_errmsg(-1));
     }
-    if (section.sh_type != SHT_NOBITS && section.sh_offset + section.sh_size > file_size) {
+    // Compared without adding: a huge offset would wrap the sum.
+    if (section.sh_type != SHT_NOBITS &&
+        (section.sh_offset > file_size || section.sh_size > file_size - section.sh_offset)) {
       ctx.fail(ErrorKind::bad_image, "truncated ELF file (a section ends beyond the end of the file)");
     }
     if (section.sh_type == SHT_DYNSYM) {
@@ -142,26 +161,40 @@ ElfFacts read_elf(const std::string& path, const ErrorContext& ctx) {
   return facts;
 }
 
-}  // namespace
-
-Manifest read_manifest(const std::string& path, const ErrorContext& ctx) {
-  ElfFacts facts = read_elf(path, ctx);
-  const std::vector<char>& bytes = facts.manifest;
-
-  Manifest manifest;
-  manifest.exported_symbols = std::move(facts.exported);
-  const auto& syms = manifest.exported_symbols;
+// Reads `image` (owned: see read_elf), checks the entry point, then parses
+// the records.
+Manifest read_owned_image(std::vector<char>& image, const ErrorContext& ctx) {
+  ElfFacts facts = read_elf(image, ctx);
+  const auto& syms = facts.exported;
   if (std::find(syms.begin(), syms.end(), MAXDEV_ENTRY_SYMBOL) == syms.end()) {
     ctx.fail(ErrorKind::bad_image, "does not export the entry point " MAXDEV_ENTRY_SYMBOL);
   }
+  Manifest manifest = parse_manifest_records(facts.manifest.data(), facts.manifest.size(), ctx);
+  manifest.exported_symbols = std::move(facts.exported);
+  return manifest;
+}
 
+}  // namespace
+
+Manifest read_manifest(const std::string& path, const ErrorContext& ctx) {
+  std::vector<char> image = read_file(path, ctx);
+  return read_owned_image(image, ctx);
+}
+
+Manifest read_manifest_image(const char* image, size_t size, const ErrorContext& ctx) {
+  std::vector<char> copy(image, image + size);
+  return read_owned_image(copy, ctx);
+}
+
+Manifest parse_manifest_records(const char* bytes, size_t size, const ErrorContext& ctx) {
+  Manifest manifest;
   bool have_plugin = false;
   size_t offset = 0;
-  while (offset < bytes.size()) {
+  while (offset < size) {
     // The linker may pad between records; padding is zeros.
     uint32_t magic = 0;
-    if (bytes.size() - offset < sizeof(magic)) break;
-    std::memcpy(&magic, bytes.data() + offset, sizeof(magic));
+    if (size - offset < sizeof(magic)) break;
+    std::memcpy(&magic, bytes + offset, sizeof(magic));
     if (magic == 0) {
       offset += 8;
       continue;
@@ -170,17 +203,17 @@ Manifest read_manifest(const std::string& path, const ErrorContext& ctx) {
       ctx.fail(ErrorKind::manifest, "corrupt manifest record at byte " + std::to_string(offset));
     }
     maxdev_manifest_record record{};
-    if (bytes.size() - offset < offsetof(maxdev_manifest_record, kind)) {
+    if (size - offset < offsetof(maxdev_manifest_record, kind)) {
       ctx.fail(ErrorKind::manifest, "truncated manifest record at byte " + std::to_string(offset));
     }
     uint32_t record_size = 0;
-    std::memcpy(&record_size, bytes.data() + offset + sizeof(magic), sizeof(record_size));
-    if (record_size < sizeof(record) || record_size > bytes.size() - offset) {
+    std::memcpy(&record_size, bytes + offset + sizeof(magic), sizeof(record_size));
+    if (record_size < sizeof(record) || record_size > size - offset) {
       ctx.fail(ErrorKind::manifest, "manifest record at byte " + std::to_string(offset) +
                                         " has size " + std::to_string(record_size) +
                                         ", expected at least " + std::to_string(sizeof(record)));
     }
-    std::memcpy(&record, bytes.data() + offset, sizeof(record));
+    std::memcpy(&record, bytes + offset, sizeof(record));
     offset += record_size;
 
     if (record.kind == MAXDEV_MANIFEST_PLUGIN) {

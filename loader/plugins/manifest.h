@@ -2,6 +2,7 @@
 // loading the library: no plugin code runs, not even its constructors.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,5 +32,13 @@ struct Manifest {
 // entry point), abi_mismatch (another ABI major), manifest (missing or
 // malformed).
 Manifest read_manifest(const std::string& path, const ErrorContext& ctx);
+
+// The same checks on a library image already in memory (`size` bytes at
+// `image`, which is not modified); the fuzzer reads this way, without files.
+Manifest read_manifest_image(const char* image, size_t size, const ErrorContext& ctx);
+
+// Parses the records of a .maxdev_manifest section alone: name, version,
+// ABI and kernels, no exported symbols. Throws PluginError as above.
+Manifest parse_manifest_records(const char* bytes, size_t size, const ErrorContext& ctx);
 
 }  // namespace maxdev::plugins
