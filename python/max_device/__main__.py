@@ -1,13 +1,18 @@
-"""python -m max_device: inspect plugin files, list ops, find the SDK.
+"""python -m max_device: inspect and check plugin files, list ops, find the SDK.
 
   python -m max_device inspect PATH      manifest of a plugin file (runs none of its code)
   python -m max_device ops [PLUGIN...]   load the given plugin files and list who serves each op
+  python -m max_device check PATH        run PyTorch's OpInfo samples on every op the plugin serves,
+                                         against the CPU; exit status 1 on any failure
+  python -m max_device coverage [PLUGIN...]  how each core aten op runs: plugin, max_device,
+                                         composite, CPU fallback, or not at all
   python -m max_device watch PLUGIN...   load plugin files and reload each one whenever it is rebuilt
   python -m max_device --cmake-dir       directory to pass as -DMaxDevicePlugin_DIR=
   python -m max_device --include-dir     directory holding max_device/plugin.h
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -32,6 +37,18 @@ def main(argv=None) -> int:
     p_inspect.add_argument("path")
     p_ops = sub.add_parser("ops", help="load plugin files and list the ops on max_device")
     p_ops.add_argument("plugins", nargs="*")
+    p_check = sub.add_parser("check", help="check a plugin's kernels against the CPU on OpInfo samples")
+    p_check.add_argument("path")
+    p_check.add_argument("--ops", type=_comma_list, default=None,
+                         help="comma-separated ops to check (default: every op the plugin serves)")
+    p_check.add_argument("--dtypes", type=_comma_list, default=None,
+                         help="comma-separated dtypes, e.g. float32,int64 (default: each kernel's own)")
+    p_check.add_argument("--max-samples", type=int, default=8, help="samples per OpInfo and dtype")
+    p_check.add_argument("--json", action="store_true", help="print the result as JSON")
+    p_check.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p_coverage = sub.add_parser("coverage", help="load plugin files and report how core aten ops run")
+    p_coverage.add_argument("plugins", nargs="*")
+    p_coverage.add_argument("--json", action="store_true", help="print the report as JSON")
     p_watch = sub.add_parser("watch", help="load plugin files and reload them when they are rebuilt")
     p_watch.add_argument("plugins", nargs="+")
     p_watch.add_argument("--debounce", type=float, default=0.2, help="seconds a file must stay unchanged")
@@ -64,10 +81,44 @@ def main(argv=None) -> int:
             return 1
         print(max_device.list_ops(*loaded))
         return 0
+    if args.command == "check":
+        return _check(max_device, args)
+    if args.command == "coverage":
+        return _coverage(max_device, args)
     if args.command == "watch":
         return _watch(max_device, args)
     parser.print_help()
     return 2
+
+
+def _comma_list(text: str):
+    return [item for item in text.split(",") if item]
+
+
+def _check(max_device, args) -> int:
+    from max_device.testing import check_plugin
+
+    try:
+        result = check_plugin(args.path, ops=args.ops, dtypes=args.dtypes, max_samples=args.max_samples,
+                              quiet=args.quiet)
+    except (max_device.PluginError, ValueError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result.to_json(), indent=2) if args.json else result)
+    return 0 if result.passed else 1
+
+
+def _coverage(max_device, args) -> int:
+    from max_device.testing import core_op_coverage
+
+    try:
+        plugins = [max_device.load_plugin(path) for path in args.plugins]
+    except max_device.PluginError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    report = core_op_coverage(*plugins)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report)
+    return 0
 
 
 def _watch(max_device, args) -> int:

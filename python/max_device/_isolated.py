@@ -1,9 +1,8 @@
 """Child process of an isolated check (validation.isolated_check): open a
-plugin snapshot, optionally compare its kernels with the CPU, and report on
-the last line of stdout as JSON. Exit 0: fine; 1: refused."""
+plugin snapshot, optionally check its kernels (testing.check_plugin), and
+report on the last line of stdout as JSON. Exit 0: fine; 1: refused."""
 
 import argparse
-import dataclasses
 import json
 import sys
 
@@ -16,7 +15,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import max_device
-    from max_device.testing import compare_with_cpu
+    from max_device.testing import check_plugin
 
     try:
         plugin = max_device.load_plugin(args.snapshot, name=args.name)
@@ -25,7 +24,7 @@ def main() -> int:
         return 1
     mismatches = []
     if args.validate:
-        mismatches = [dataclasses.asdict(m) for found in compare_with_cpu(plugin.ops).values() for m in found]
+        mismatches = [f for r in check_plugin(plugin, quiet=True).to_json()["results"] for f in r["failures"]]
     if mismatches:
         print(json.dumps({"error": f"{len(mismatches)} OpInfo samples disagree with the CPU",
                           "mismatches": mismatches}))
