@@ -1,9 +1,22 @@
 #include "dispatch/kernel_provider.h"
 
+#include <ATen/EmptyTensor.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string_view>
+
+#include "common/log.h"
 #include "dispatch/host_api.h"
 
 namespace maxdev::dispatch {
 namespace {
+
+std::atomic<bool> kernel_checks_enabled{[] {
+  const char* env = std::getenv("MAX_DEVICE_CHECK_KERNELS");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}()};
 
 // The converted arguments of one call; everything points into the IValues
 // on the stack or into this frame, so it lives exactly as long as the call.
@@ -127,7 +140,140 @@ bool all_tensors(c10::ArrayRef<c10::IValue> args, Fn&& ok) {
   return true;
 }
 
+// "Float[4, 5]", for kernel-check messages.
+std::string describe(const at::Tensor& t) {
+  std::string out = std::string(c10::toString(t.scalar_type())) + "[";
+  for (size_t d = 0; d < t.sizes().size(); ++d) out += (d ? ", " : "") + std::to_string(t.sizes()[d]);
+  return out + "]";
+}
+
+// Hashes of the tensor arguments a kernel may only read, taken before the
+// call and compared after it. Arguments that share storage with a written
+// argument (e.g. neg.out(x, out=x)) may change legitimately and are left out.
+class ReadOnlyDigests {
+ public:
+  ReadOnlyDigests(const OpSignature& sig, c10::ArrayRef<c10::IValue> args) {
+    std::vector<c10::Storage> written;
+    for (size_t i = 0; i < sig.args.size(); ++i) {
+      if (sig.args[i].written) for_each_tensor(args[i], [&](const at::Tensor& t) { written.push_back(t.storage()); });
+    }
+    for (size_t i = 0; i < sig.args.size(); ++i) {
+      if (sig.args[i].written) continue;
+      for_each_tensor(args[i], [&](const at::Tensor& t) {
+        for (const auto& w : written) {
+          if (t.storage().is_alias_of(w)) return;
+        }
+        digests_.push_back({i, t, digest(t)});
+      });
+    }
+  }
+
+  // The first argument whose bytes changed, if any.
+  std::optional<size_t> changed() const {
+    for (const auto& d : digests_) {
+      if (digest(d.tensor) != d.value) return d.arg;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct Digest {
+    size_t arg;
+    at::Tensor tensor;
+    size_t value;
+  };
+
+  template <typename Fn>
+  static void for_each_tensor(const c10::IValue& v, Fn&& fn) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage()) {
+      fn(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (t.defined() && t.has_storage()) fn(t);
+      }
+    }
+  }
+
+  // Every byte from the first to the last element the tensor's strides reach.
+  static size_t digest(const at::Tensor& t) {
+    if (t.numel() == 0) return 0;
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    const auto bytes = static_cast<size_t>(last + 1) * t.dtype().itemsize();
+    return std::hash<std::string_view>{}(std::string_view(static_cast<const char*>(t.const_data_ptr()), bytes));
+  }
+
+  std::vector<Digest> digests_;
+};
+
+c10::IValue to_meta(const c10::IValue& v) {
+  auto meta = [](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
+    return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type());
+  };
+  if (v.isTensor()) return meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorList()) list.push_back(meta(t));
+    return list;
+  }
+  return v;
+}
+
+// The returns PyTorch's meta kernel of the op gives for these arguments
+// (shapes and dtypes, no data); nullopt when the op has no meta kernel.
+std::optional<torch::jit::Stack> meta_returns(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) {
+  torch::jit::Stack stack;
+  for (const auto& v : args) stack.push_back(to_meta(v));
+  try {
+    slot.op.callBoxed(&stack);
+  } catch (const std::exception& e) {
+    log::debug("kernel checks: no meta kernel result for " + slot.name + ": " + e.what());
+    return std::nullopt;
+  }
+  return stack;
+}
+
+// With kernel checks on: the read-only arguments are unchanged and the
+// allocated outputs have the shapes and dtypes of the op's meta kernel.
+void check_contract(const KernelOwner& owner, const OpSlot& slot, c10::ArrayRef<c10::IValue> args,
+                    const maxdev_host_context& ctx, const ReadOnlyDigests& read_only) {
+  if (const auto arg = read_only.changed()) {
+    throw_kernel_error(owner, slot.name,
+                       "wrote into argument " + std::to_string(*arg) + " (" +
+                           slot.op.schema().arguments()[*arg].name() +
+                           "), which its schema marks read-only (found by kernel checks)");
+  }
+  bool allocates = false;
+  for (bool aliased : ctx.output_aliased) allocates = allocates || !aliased;
+  if (!allocates) return;
+  const auto expected = meta_returns(slot, args);
+  if (!expected) return;
+  for (size_t i = 0; i < ctx.outputs.size(); ++i) {
+    if (ctx.output_aliased[i] || !(*expected)[i].isTensor()) continue;
+    const at::Tensor& want = (*expected)[i].toTensor();
+    const at::Tensor& got = ctx.outputs[i];
+    if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
+      throw_kernel_error(owner, slot.name,
+                         "returned output " + std::to_string(i) + " as " + describe(got) + " where the op's meta "
+                         "kernel gives " + describe(want) + " (found by kernel checks)");
+    }
+  }
+}
+
+// Counts a kernel call as in flight for as long as it runs, exceptions included.
+struct InFlight {
+  explicit InFlight(const KernelOwner& owner) : owner(owner) {
+    owner.in_flight.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~InFlight() { owner.in_flight.fetch_sub(1, std::memory_order_relaxed); }
+  const KernelOwner& owner;
+};
+
 }  // namespace
+
+void set_kernel_checks(bool enabled) { kernel_checks_enabled.store(enabled, std::memory_order_relaxed); }
+bool kernel_checks() { return kernel_checks_enabled.load(std::memory_order_relaxed); }
 
 KernelProvider::KernelProvider(std::shared_ptr<const KernelOwner> owner, const maxdev_kernel_def& kernel)
     : Provider(owner->owner, "plugin"),
@@ -188,9 +334,23 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
 
   const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, frame.data(), frame.size(),
                          static_cast<int32_t>(num_outputs), ctx.output_ptrs.data()};
-  owner_->in_flight.fetch_add(1, std::memory_order_relaxed);
-  const maxdev_status status = fn_(&call);
-  owner_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+  const bool checking = kernel_checks();
+  std::optional<ReadOnlyDigests> read_only;
+  if (checking) read_only.emplace(sig, args);
+  maxdev_status status;
+  try {
+    InFlight in_flight(*owner_);
+    status = fn_(&call);
+  } catch (const std::exception& e) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    throw_kernel_error(*owner_, slot.name,
+                       std::string("threw a C++ exception across the C ABI (wrap C++ kernels in "
+                                   "MAXDEV_SDK_KERNEL): ") + e.what());
+  } catch (...) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    throw_kernel_error(*owner_, slot.name,
+                       "threw a non-standard C++ exception across the C ABI (wrap C++ kernels in MAXDEV_SDK_KERNEL)");
+  }
 
   if (status == MAXDEV_DECLINED) {
     declines.fetch_add(1, std::memory_order_relaxed);
@@ -202,17 +362,17 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
                        status == MAXDEV_ERROR ? (ctx.error.empty() ? "failed without a message" : ctx.error)
                                               : "returned an unknown status " + std::to_string(status));
   }
+  for (size_t i = 0; i < num_outputs; ++i) {
+    if (!ctx.output_aliased[i] && !ctx.outputs[i].defined()) {
+      // outputs[i] is the host's to set: whatever the kernel put there is ignored.
+      throw_kernel_error(*owner_, slot.name, "returned success without allocating output " + std::to_string(i));
+    }
+  }
+  if (checking) check_contract(*owner_, slot, args, ctx, *read_only);
   c10::SmallVector<c10::IValue, 2> returns;
   for (size_t i = 0; i < num_outputs; ++i) {
     const int alias = sig.return_aliases[i];
-    if (alias >= 0) {
-      returns.push_back(args[static_cast<size_t>(alias)]);
-    } else if (ctx.outputs[i].defined()) {
-      returns.push_back(std::move(ctx.outputs[i]));
-    } else {
-      throw_kernel_error(*owner_, slot.name,
-                         "returned success without allocating output " + std::to_string(i));
-    }
+    returns.push_back(alias >= 0 ? args[static_cast<size_t>(alias)] : std::move(ctx.outputs[i]));
   }
   torch::jit::drop(*stack, sig.args.size());
   for (auto& r : returns) stack->push_back(std::move(r));

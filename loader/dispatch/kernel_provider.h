@@ -37,6 +37,16 @@ class KernelProvider final : public Provider {
   uint64_t flags_;
 };
 
+// Kernel checks: a debugging mode in which every plugin call also proves
+// that the kernel kept the contract the host cannot see cheaply. Its
+// read-only tensor arguments are hashed before and after the call, and its
+// allocated outputs are compared (shape, dtype) with what PyTorch's meta
+// kernel of the op computes for the same arguments (ops without a meta
+// kernel are not compared). A breach is a KernelError. Off by default; on
+// at startup when MAX_DEVICE_CHECK_KERNELS=1.
+void set_kernel_checks(bool enabled);
+bool kernel_checks();
+
 // Raises the error of a failed kernel call. Without a hook it throws a
 // c10::Error; the Python module installs a hook that raises
 // max_device.KernelError through PyTorch's op bindings.

@@ -29,6 +29,21 @@ std::string checked_string(const char* s, const std::string& what, const ErrorCo
   return std::string(s, len);
 }
 
+// A string of the plugin's, safe to put in a message (which must be valid
+// UTF-8 to reach Python): printable ASCII as is, other bytes as \xNN.
+std::string quoted(const std::string& s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (const unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += std::string("\\x") + kHex[c >> 4] + kHex[c & 0xf];
+    }
+  }
+  return out + "'";
+}
+
 }  // namespace
 
 PluginLibrary::PluginLibrary(const std::string& snapshot_path, const Manifest& manifest, const ErrorContext& ctx)
@@ -82,8 +97,10 @@ void PluginLibrary::check_definition(const Manifest& manifest, const ErrorContex
   auto disagree = [&](const std::string& what, const std::string& op = {}) {
     ctx.fail(ErrorKind::manifest, "the manifest and the entry point disagree on " + what, op);
   };
-  if (name != manifest.name) disagree("the plugin name ('" + manifest.name + "' vs '" + name + "')");
-  if (version != manifest.version) disagree("the version ('" + manifest.version + "' vs '" + version + "')");
+  if (name != manifest.name) disagree("the plugin name (" + quoted(manifest.name) + " vs " + quoted(name) + ")");
+  if (version != manifest.version) {
+    disagree("the version (" + quoted(manifest.version) + " vs " + quoted(version) + ")");
+  }
   if (def_->abi_minor != manifest.abi_minor) disagree("the ABI version");
   if (def_->num_kernels < 0 || static_cast<size_t>(def_->num_kernels) != manifest.kernels.size()) {
     disagree("the number of kernels (" + std::to_string(manifest.kernels.size()) + " vs " +
@@ -101,8 +118,8 @@ void PluginLibrary::check_definition(const Manifest& manifest, const ErrorContex
                                             std::to_string(kKernelDefSize_1_0));
     }
     const std::string op = checked_string(k.op, "op name of kernel " + std::to_string(i), ctx);
+    if (op != m.op) disagree("kernel " + std::to_string(i) + " (" + quoted(m.op) + " vs " + quoted(op) + ")");
     const std::string schema = k.schema == nullptr ? "" : checked_string(k.schema, "schema of " + op, ctx);
-    if (op != m.op) disagree("kernel " + std::to_string(i) + " ('" + m.op + "' vs '" + op + "')");
     if (schema != m.schema) disagree("the schema", op);
     if (k.dtypes != m.dtypes || k.flags != m.flags) disagree("the dtypes or flags", op);
     if (k.fn == nullptr) ctx.fail(ErrorKind::bad_image, "kernel function is NULL", op);
