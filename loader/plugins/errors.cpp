@@ -10,6 +10,8 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::manifest: return "manifest";
     case ErrorKind::schema: return "schema";
     case ErrorKind::state: return "state";
+    case ErrorKind::untrusted: return "untrusted";
+    case ErrorKind::hash_mismatch: return "hash_mismatch";
   }
   return "unknown";
 }

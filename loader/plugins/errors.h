@@ -15,6 +15,8 @@ enum class ErrorKind {
   manifest,      // manifest missing, corrupt or contradicting the entry point
   schema,        // op name or schema the dispatcher refuses
   state,         // wrong lifecycle request (unknown plugin, name taken, ...)
+  untrusted,     // another user could have written the file or its directory
+  hash_mismatch, // the content is not the SHA-256 the caller pinned
 };
 
 const char* error_kind_name(ErrorKind kind);

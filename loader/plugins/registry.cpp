@@ -111,26 +111,40 @@ PluginRegistry::Plugin& PluginRegistry::find(const std::string& name) {
   throw PluginError(ErrorKind::state, "", name, "", "no plugin of this name is loaded");
 }
 
-PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const std::string& name,
-                                                 const Checks& checks) {
+PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const std::string& requested_name,
+                                                 bool new_plugin, const LoadOptions& options, const Checks& checks) {
   Prepared prepared;
   prepared.started = std::chrono::steady_clock::now();
-  ErrorContext ctx{path, name};
+  ErrorContext ctx{path, requested_name};
 
   auto version = std::make_shared<Version>();
-  version->snapshot = take_snapshot(path, ctx);
+  version->snapshot = take_snapshot(
+      path, options.allow_untrusted ? TrustPolicy::allow_untrusted : TrustPolicy::owner_only, ctx);
   struct SnapshotGuard {
     Version* v;
     ~SnapshotGuard() {
       if (v) remove_snapshot(v->snapshot);
     }
   } snapshot_guard{version.get()};
+  // The pin is checked on the copy that would be opened, before anything
+  // reads it: a file changed after the check is not what gets loaded.
+  if (options.sha256 && *options.sha256 != version->snapshot.sha256) {
+    ctx.fail(ErrorKind::hash_mismatch, "refused: its content has sha256 " + version->snapshot.sha256 +
+                                           ", not the pinned sha256 " + *options.sha256 + "; nothing was opened");
+  }
 
+  // Everything from here reads the snapshot, never the user's path again.
   prepared.manifest = read_manifest(version->snapshot.path, ctx);
   const Manifest& manifest = prepared.manifest;
+  const std::string name = requested_name.empty() ? manifest.name : requested_name;
+  ctx.plugin = name;
   static const std::regex kName("[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}");
   if (!std::regex_match(name, kName)) {
     ctx.fail(ErrorKind::manifest, "plugin name must be 1-64 characters of [A-Za-z0-9_.-]");
+  }
+  if (new_plugin && std::any_of(plugins_.begin(), plugins_.end(), [&](const auto& p) { return p->name == name; })) {
+    ctx.fail(ErrorKind::state,
+             "a plugin of this name is already loaded; reload it, unload it first, or load with another name=");
   }
 
   // Every op is checked before anything is registered.
@@ -210,6 +224,8 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
   info.name = name;
   info.version = manifest.version;
   info.path = path;
+  info.origin = options.origin;
+  info.allow_untrusted = options.allow_untrusted;
   info.snapshot = version->snapshot.path;
   info.sha256 = version->snapshot.sha256;
   info.abi_major = manifest.abi_major;
@@ -330,22 +346,12 @@ void PluginRegistry::close_versions(std::vector<std::shared_ptr<Version>> versio
 }
 
 PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std::string>& name,
-                                const Checks& checks) {
+                                const Checks& checks, const LoadOptions& options) {
   std::lock_guard lock(mutex_);
-  // The name comes from the manifest unless given; read it once up front.
-  std::string registered = name.value_or("");
-  if (registered.empty()) registered = read_manifest(path, ErrorContext{path, ""}).name;
-  for (const auto& p : plugins_) {
-    if (p->name == registered) {
-      throw PluginError(ErrorKind::state, path, registered, "",
-                        "a plugin of this name is already loaded; reload it, unload it first, or load "
-                        "with another name=");
-    }
-  }
-  Prepared prepared = prepare(path, registered, checks);
+  Prepared prepared = prepare(path, name.value_or(""), /*new_plugin=*/true, options, checks);
   const auto started = prepared.started;
   auto plugin = std::make_unique<Plugin>();
-  plugin->name = registered;
+  plugin->name = prepared.version->info.name;
   plugin->current = commit(std::move(prepared));
   vet(checks, plugin->current, /*new_plugin=*/true);
   plugin->current->info.generation = plugin->next_generation++;
@@ -363,10 +369,15 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
 PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& options, const Checks& checks) {
   std::lock_guard lock(mutex_);
   Plugin& plugin = find(name);
-  const std::string path = options.path.value_or(plugin.current->info.path);
+  const PluginInfo& current = plugin.current->info;
+  const std::string path = options.path.value_or(current.path);
+  LoadOptions file;
+  file.origin = options.origin.value_or(path == current.path ? current.origin : "path");
+  file.sha256 = options.sha256;
+  file.allow_untrusted = options.allow_untrusted.value_or(current.allow_untrusted);
   Prepared prepared;
   try {
-    prepared = prepare(path, name, checks);
+    prepared = prepare(path, name, /*new_plugin=*/false, file, checks);
   } catch (const PluginError& e) {
     log::error("reload of plugin '" + name + "' refused; version " + plugin.current->info.version +
                " keeps serving: " + e.what());

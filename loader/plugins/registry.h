@@ -32,6 +32,7 @@ struct PluginInfo {
   std::string name;
   std::string version;
   std::string path;      // what the user asked to load (last reload's path)
+  std::string origin;    // how that path was found: "path", or the search path entry
   std::string snapshot;  // the private copy that is mapped
   std::string sha256;
   uint32_t abi_major = 0, abi_minor = 0;
@@ -42,6 +43,7 @@ struct PluginInfo {
   int64_t load_duration_ns = 0;      // snapshot to publish, for this version
   int64_t previous_versions = 0;     // older versions still mapped (rollback targets)
   int64_t calls_in_flight = 0;       // kernel calls of this version running now
+  bool allow_untrusted = false;      // loaded with the trust checks waived
 };
 
 struct UnloadReport {
@@ -73,16 +75,30 @@ struct Checks {
   std::function<void(const std::vector<std::string>& ops)> before_publish;
 };
 
+// How a plugin file is accepted. Every refusal is a PluginError and
+// changes nothing.
+struct LoadOptions {
+  std::string origin = "path";        // how the path was found; listed in PluginInfo
+  std::optional<std::string> sha256;  // pinned content (lowercase hex): anything else is refused
+  bool allow_untrusted = false;       // waive the ownership and permission checks (trust.h)
+};
+
 struct ReloadOptions {
   std::optional<std::string> path;  // default: the path of the current version
   bool force = false;               // reload even if the content is unchanged
+  // Default: the current version's when the path is the current one's,
+  // else "path".
+  std::optional<std::string> origin;
+  std::optional<std::string> sha256;     // pinned content, as in LoadOptions
+  std::optional<bool> allow_untrusted;   // default: as the current version was loaded
 };
 
 class PluginRegistry {
  public:
   static PluginRegistry& instance();
 
-  PluginInfo load(const std::string& path, const std::optional<std::string>& name, const Checks& checks = {});
+  PluginInfo load(const std::string& path, const std::optional<std::string>& name, const Checks& checks = {},
+                  const LoadOptions& options = {});
   // Replaces the plugin's current version with a new build, atomically.
   // Unchanged content (same SHA-256) is a no-op unless forced.
   PluginInfo reload(const std::string& name, const ReloadOptions& options, const Checks& checks = {});
@@ -111,7 +127,9 @@ class PluginRegistry {
   PluginRegistry();
   ~PluginRegistry();
 
-  Prepared prepare(const std::string& path, const std::string& name, const Checks& checks);
+  // `name`: empty for the manifest's; a new plugin's name must be free.
+  Prepared prepare(const std::string& path, const std::string& name, bool new_plugin, const LoadOptions& options,
+                   const Checks& checks);
   std::shared_ptr<Version> commit(Prepared prepared);
   // Runs checks.before_publish with `candidate` staged on this thread;
   // on failure undoes commit(version) and rethrows.

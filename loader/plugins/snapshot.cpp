@@ -1,6 +1,7 @@
 #include "plugins/snapshot.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <vector>
 
 #include "common/log.h"
@@ -18,20 +20,6 @@ namespace maxdev::plugins {
 namespace {
 
 namespace fs = std::filesystem;
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -50,15 +38,37 @@ void ensure_private_dir(const std::string& dir) {
   }
 }
 
+// The directory holding this user's per-process snapshot directories.
+std::string user_directory() {
+  const char* base = std::getenv("MAX_DEVICE_SNAPSHOT_DIR");
+  if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
+  if (base == nullptr || *base == '\0') base = "/tmp";
+  return std::string(base) + "/max_device-" + std::to_string(::geteuid());
+}
+
+// Identifies the pid namespace, so that pids are only compared with pids of
+// the same namespace (containers sharing /tmp each have their own).
+std::string pid_namespace() {
+  char link[64] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", link, sizeof link - 1);  // "pid:[4026531836]"
+  const std::string text(link, n > 0 ? static_cast<size_t>(n) : 0);
+  const auto open = text.find('['), close = text.find(']');
+  return open != std::string::npos && close > open ? text.substr(open + 1, close - open - 1) : "0";
+}
+
+std::string process_directory_name(pid_t pid) { return pid_namespace() + "-" + std::to_string(pid); }
+
 struct SnapshotDirectory {
   std::string path;
   SnapshotDirectory() {
-    const char* base = std::getenv("MAX_DEVICE_SNAPSHOT_DIR");
-    if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
-    if (base == nullptr || *base == '\0') base = "/tmp";
-    const std::string user_dir = std::string(base) + "/max_device-" + std::to_string(::geteuid());
+    const std::string user_dir = user_directory();
     ensure_private_dir(user_dir);
-    path = user_dir + "/" + std::to_string(::getpid());
+    remove_stale_snapshots();
+    path = user_dir + "/" + process_directory_name(::getpid());
+    // One with our pid already there was left by a dead process that had
+    // this pid, or by this process before an exec: nothing of ours is in it.
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
     ensure_private_dir(path);
   }
   ~SnapshotDirectory() {
@@ -69,26 +79,50 @@ struct SnapshotDirectory {
 
 }  // namespace
 
+size_t remove_stale_snapshots() {
+  const std::string user_dir = user_directory();
+  ensure_private_dir(user_dir);
+  static const std::regex kProcessDir("([0-9]+)-([0-9]+)");
+  const std::string namespace_id = pid_namespace();
+  const pid_t me = ::getpid();
+  size_t removed = 0;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(user_dir, error)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory(error) || entry.is_symlink(error) || !std::regex_match(name, m, kProcessDir) ||
+        m[1] != namespace_id) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stoll(m[2]));
+    // EPERM means the process exists (another user's): keep its directory.
+    const bool dead = pid != me && ::kill(pid, 0) != 0 && errno == ESRCH;
+    if (!dead) continue;
+    std::error_code failed;
+    fs::remove_all(entry.path(), failed);
+    if (failed) {
+      log::warn("cannot remove stale snapshot directory " + entry.path().string() + ": " + failed.message());
+      continue;
+    }
+    log::debug("removed stale snapshot directory " + entry.path().string());
+    ++removed;
+  }
+  return removed;
+}
+
 const std::string& snapshot_directory() {
   static SnapshotDirectory dir;
   return dir.path;
 }
 
-Snapshot take_snapshot(const std::string& source, const ErrorContext& ctx) {
-  Fd in(::open(source.c_str(), O_RDONLY | O_CLOEXEC));
-  if (in.get() < 0) {
-    ctx.fail(ErrorKind::not_found, "cannot open plugin file: " + errno_text());
-  }
-  struct stat st {};
-  if (::fstat(in.get(), &st) != 0) ctx.fail(ErrorKind::not_found, "cannot stat: " + errno_text());
-  if (S_ISDIR(st.st_mode)) ctx.fail(ErrorKind::not_found, "is a directory, not a plugin file");
-  if (!S_ISREG(st.st_mode)) ctx.fail(ErrorKind::not_found, "is not a regular file");
+Snapshot take_snapshot(const std::string& source, TrustPolicy policy, const ErrorContext& ctx) {
+  const PluginFile in = open_plugin_file(source, policy, ctx);
 
   static std::atomic<uint64_t> sequence{0};
   const std::string& dir = snapshot_directory();
   const uint64_t seq = ++sequence;
   const std::string temp = dir + "/.incoming-" + std::to_string(seq);
-  Fd out(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  UniqueFd out(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (out.get() < 0) {
     ctx.fail(ErrorKind::not_found, "cannot create snapshot " + temp + ": " + errno_text());
   }
@@ -97,7 +131,7 @@ Snapshot take_snapshot(const std::string& source, const ErrorContext& ctx) {
   Snapshot snap;
   std::vector<char> buffer(1 << 20);
   for (;;) {
-    const ssize_t n = ::read(in.get(), buffer.data(), buffer.size());
+    const ssize_t n = ::read(in.fd.get(), buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       ::unlink(temp.c_str());

@@ -7,10 +7,12 @@
 // enter, then renamed into place, and the copy is what gets opened.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "plugins/errors.h"
+#include "plugins/trust.h"
 
 namespace maxdev::plugins {
 
@@ -20,16 +22,25 @@ struct Snapshot {
   uint64_t size = 0;
 };
 
-// Copies `source` into this process's snapshot directory. Throws
-// PluginError(not_found) when `source` is missing, unreadable or not a
-// regular file.
-Snapshot take_snapshot(const std::string& source, const ErrorContext& ctx);
+// Copies `source` into this process's snapshot directory, reading the one
+// descriptor open_plugin_file() checked under `policy`. Throws PluginError
+// (not_found, untrusted) as open_plugin_file() does.
+Snapshot take_snapshot(const std::string& source, TrustPolicy policy, const ErrorContext& ctx);
 
 // Removes a snapshot file (its mapping, if any, stays valid).
 void remove_snapshot(const Snapshot& snapshot);
 
 // This process's snapshot directory (mode 0700), created on first use and
-// removed at exit. Base: $MAX_DEVICE_SNAPSHOT_DIR, else $TMPDIR, else /tmp.
+// removed at exit. It is <base>/max_device-<uid>/<pid namespace>-<pid>;
+// base: $MAX_DEVICE_SNAPSHOT_DIR, else $TMPDIR, else /tmp. Creating it
+// first runs remove_stale_snapshots() and empties a directory of this
+// pid left by an earlier process (or by this one before an exec).
 const std::string& snapshot_directory();
+
+// Removes the snapshot directories that processes of this user left behind
+// when they died without cleaning up (killed, crashed, os._exit): those of
+// this pid namespace whose pid no longer exists. Directories of live processes and of other pid namespaces (whose pids
+// cannot be checked from here) are kept. Returns how many were removed.
+size_t remove_stale_snapshots();
 
 }  // namespace maxdev::plugins

@@ -142,7 +142,9 @@ void Watcher::settle(const std::string& path) {
     if (canonical(info.path) != path) continue;
     WatchEvent event{path, info.name, false, ""};
     try {
-      const auto after = registry.reload(info.name, {info.path, false});
+      ReloadOptions options;
+      options.path = info.path;
+      const auto after = registry.reload(info.name, options);
       event.reloaded = after.sha256 != info.sha256;
       event.message = event.reloaded ? "reloaded: " + info.version + " -> " + after.version + " (generation " +
                                            std::to_string(after.generation) + ")"

@@ -92,6 +92,8 @@ py::dict plugin_info(const plugins::PluginInfo& info) {
   d["name"] = info.name;
   d["version"] = info.version;
   d["path"] = info.path;
+  d["origin"] = info.origin;
+  d["allow_untrusted"] = info.allow_untrusted;
   d["snapshot"] = info.snapshot;
   d["sha256"] = info.sha256;
   d["abi"] = std::to_string(info.abi_major) + "." + std::to_string(info.abi_minor);
@@ -178,17 +180,24 @@ plugins::Checks checks_from(py::object before_open, py::object before_publish) {
 void bind_plugins(py::module_& m) {
   dispatch::set_kernel_error_hook(&raise_kernel_error);
   m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name, py::object before_open,
-                           py::object before_publish) {
+                           py::object before_publish, const std::string& origin, std::optional<std::string> sha256,
+                           bool allow_untrusted) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
-    return change_plugin([&] { return plugins::PluginRegistry::instance().load(path, name, checks); });
+    const plugins::LoadOptions options{origin, std::move(sha256), allow_untrusted};
+    return change_plugin([&] { return plugins::PluginRegistry::instance().load(path, name, checks, options); });
   }, py::arg("path"), py::arg("name") = py::none(), py::arg("before_open") = py::none(),
-     py::arg("before_publish") = py::none());
+     py::arg("before_publish") = py::none(), py::arg("origin") = "path", py::arg("sha256") = py::none(),
+     py::arg("allow_untrusted") = false);
   m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force,
-                             py::object before_open, py::object before_publish) {
+                             py::object before_open, py::object before_publish, std::optional<std::string> origin,
+                             std::optional<std::string> sha256, std::optional<bool> allow_untrusted) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
-    return change_plugin([&] { return plugins::PluginRegistry::instance().reload(name, {path, force}, checks); });
+    const plugins::ReloadOptions options{std::move(path), force, std::move(origin), std::move(sha256),
+                                         allow_untrusted};
+    return change_plugin([&] { return plugins::PluginRegistry::instance().reload(name, options, checks); });
   }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false,
-     py::arg("before_open") = py::none(), py::arg("before_publish") = py::none());
+     py::arg("before_open") = py::none(), py::arg("before_publish") = py::none(), py::arg("origin") = py::none(),
+     py::arg("sha256") = py::none(), py::arg("allow_untrusted") = py::none());
   m.def("_rollback_plugin", [](const std::string& name) {
     return change_plugin([&] { return plugins::PluginRegistry::instance().rollback(name); });
   });
@@ -219,6 +228,8 @@ void bind_plugins(py::module_& m) {
     }
     return out;
   });
+  m.def("_set_kernel_checks", &dispatch::set_kernel_checks);
+  m.def("_kernel_checks", &dispatch::kernel_checks);
   m.def("_list_ops", [] {
     py::list out;
     for (const auto& op : without_gil([] { return plugins::PluginRegistry::instance().ops(); })) {

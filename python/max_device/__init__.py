@@ -18,14 +18,15 @@ import torch
 from . import _C  # registers the device with PyTorch (allocator, guard, hooks, kernels)
 from ._device import register_device as _register_device
 from ._logging import log_level, set_log_level
-from .errors import (AbiMismatchError, BadImageError, KernelError, ManifestError, PluginError,
-                     PluginNotFoundError, PluginStateError, SchemaError)
+from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
+                     PluginError, PluginNotFoundError, PluginStateError, SchemaError, UntrustedPluginError)
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
 from .validation import ValidationError
 from .watch import Watch, watch
-from .plugins import (Manifest, Plugin, get_plugin, inspect, list_ops, list_plugins, load_plugin,
-                      reload_plugin, rollback_plugin, unload_plugin)
+from .plugins import (Manifest, Plugin, get_plugin, inspect, kernel_checks, list_ops, list_plugins,
+                      load_plugin, plugin_path, reload_plugin, rollback_plugin, set_kernel_checks,
+                      set_plugin_path, unload_plugin)
 
 DEVICE_NAME = "max_device"
 ABI_VERSION = _C.ABI_VERSION
@@ -36,14 +37,15 @@ __all__ = [
     "ABI_VERSION", "DEVICE_NAME",
     # plugins
     "Manifest", "Plugin", "get_plugin", "inspect", "list_ops", "list_plugins", "load_plugin",
-    "reload_plugin", "rollback_plugin", "unload_plugin",
+    "reload_plugin", "rollback_plugin", "unload_plugin", "plugin_path", "set_plugin_path",
+    "kernel_checks", "set_kernel_checks",
     # overrides
     "Override", "override", "restore",
     # the development loop
     "Watch", "watch",
     # errors
-    "AbiMismatchError", "BadImageError", "KernelError", "ManifestError", "PluginError",
-    "PluginNotFoundError", "PluginStateError", "SchemaError", "ValidationError",
+    "AbiMismatchError", "BadImageError", "HashMismatchError", "KernelError", "ManifestError", "PluginError",
+    "PluginNotFoundError", "PluginStateError", "SchemaError", "UntrustedPluginError", "ValidationError",
     # fallback and logs
     "fallback_counts", "fallback_policy", "reset_fallback_counts", "set_fallback_policy",
     "log_level", "set_log_level",

@@ -48,6 +48,17 @@ class PluginStateError(PluginError):
     already loaded, ...)."""
 
 
+class UntrustedPluginError(PluginError, PermissionError):
+    """The file or its directory is owned by another user than this
+    process's (or root), or writable by group or others: someone else could
+    change the code this process runs. ``allow_untrusted=True`` waives the
+    check."""
+
+
+class HashMismatchError(PluginError):
+    """The file's content is not the SHA-256 pinned with ``sha256=``."""
+
+
 _BY_KIND = {
     "not_found": PluginNotFoundError,
     "bad_image": BadImageError,
@@ -55,6 +66,8 @@ _BY_KIND = {
     "manifest": ManifestError,
     "schema": SchemaError,
     "state": PluginStateError,
+    "untrusted": UntrustedPluginError,
+    "hash_mismatch": HashMismatchError,
 }
 
 

@@ -1,15 +1,89 @@
-"""Loading, listing, inspecting and unloading plugins."""
+"""Loading, listing, inspecting and unloading plugins.
+
+Where plugin files come from: a path (anything containing a ``/``, such as
+``./kernels.so``) is used as given. A bare name (``"reference"``) is looked
+up only in the plugin search path: the directories given to
+``set_plugin_path()`` first, then those of ``MAX_DEVICE_PLUGIN_PATH``
+(colon-separated), in order; in each directory ``lib<name>.so`` then
+``<name>.so`` (a name ending in ``.so`` is that file). Bare names are never
+looked up in the current directory or ``LD_LIBRARY_PATH``.
+"""
 
 import dataclasses
 import os
+import re
 import threading
-from typing import Dict, List, Optional, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
 from . import _C
 from ._structured import derived_variants
-from .errors import PluginStateError
+from .errors import PluginNotFoundError, PluginStateError
+
+PLUGIN_PATH_ENV = "MAX_DEVICE_PLUGIN_PATH"
+_configured_plugin_path: List[str] = []
+
+
+def set_plugin_path(directories: Iterable[Union[str, os.PathLike]]) -> None:
+    """Set the directories searched, in order, for plugins loaded by bare
+    name; they come before ``MAX_DEVICE_PLUGIN_PATH``. Each must be absolute
+    (a relative one would depend on the current directory)."""
+    chosen = [os.fspath(d) for d in directories]
+    relative = [d for d in chosen if not os.path.isabs(d)]
+    if relative:
+        raise ValueError(f"plugin search path directories must be absolute: {relative}")
+    _configured_plugin_path[:] = chosen
+
+
+def plugin_path() -> List[str]:
+    """The plugin search path in lookup order: ``set_plugin_path()``'s
+    directories, then ``MAX_DEVICE_PLUGIN_PATH``'s."""
+    return [directory for directory, _ in _search_path()]
+
+
+def _search_path() -> List[Tuple[str, str]]:
+    """(directory, where it was set) in lookup order. Empty and relative
+    entries of the environment variable are skipped: an empty one would
+    conventionally mean the current directory, a relative one depends on
+    it."""
+    entries = [(d, "set_plugin_path") for d in _configured_plugin_path]
+    for directory in os.environ.get(PLUGIN_PATH_ENV, "").split(":"):
+        if os.path.isabs(directory):
+            entries.append((directory, PLUGIN_PATH_ENV))
+        elif directory:
+            _C._log("warn", f"{PLUGIN_PATH_ENV}: ignoring '{directory}', which is not an absolute path")
+    return entries
+
+
+def _resolve(path: Union[str, os.PathLike]) -> Tuple[str, str]:
+    """(file, origin) for a path or a bare name; the origin is what
+    ``Plugin.origin`` shows."""
+    path = os.fspath(path)
+    if "/" in path:
+        return path, "path"
+    filenames = [path] if path.endswith(".so") else [f"lib{path}.so", f"{path}.so"]
+    searched = _search_path()
+    for directory, source in searched:
+        for filename in filenames:
+            candidate = os.path.join(directory, filename)
+            if os.path.exists(candidate):
+                return candidate, f"{source}: {directory}"
+    where = ", ".join(f"{d} ({source})" for d, source in searched) or \
+        f"nothing: it is empty (set_plugin_path() and {PLUGIN_PATH_ENV} are unset)"
+    raise PluginNotFoundError(
+        f"{path}: no {' or '.join(filenames)} in the plugin search path; searched {where}. Bare names are "
+        f"never looked up in the current directory or LD_LIBRARY_PATH: write './{path}' for a file here",
+        file=path)
+
+
+def _pinned(sha256: Optional[str]) -> Optional[str]:
+    if sha256 is None:
+        return None
+    digest = sha256.lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"sha256 must be 64 hexadecimal digits, got {sha256!r}")
+    return digest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +120,10 @@ class Plugin:
     name = property(lambda self: self._info["name"])
     version = property(lambda self: self._info["version"])
     path = property(lambda self: self._info["path"], doc="the file the user loaded")
+    origin = property(lambda self: self._info["origin"],
+                      doc="how the file was found: 'path', or the search path entry that held it")
+    allow_untrusted = property(lambda self: self._info["allow_untrusted"],
+                               doc="loaded with the ownership and permission checks waived")
     snapshot = property(lambda self: self._info["snapshot"], doc="the private copy that is mapped")
     sha256 = property(lambda self: self._info["sha256"])
     abi = property(lambda self: self._info["abi"])
@@ -97,16 +175,24 @@ def _checks(path: str, plugin: str, validate: bool, isolate: bool, timeout: floa
     return checks
 
 
-def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, validate: bool = False,
-                isolate: bool = False, timeout: float = 120.0) -> Plugin:
+def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, sha256: Optional[str] = None,
+                allow_untrusted: bool = False, validate: bool = False, isolate: bool = False,
+                timeout: float = 120.0) -> Plugin:
     """Load a plugin library and put its kernels on top of each op's stack.
 
-    The file is copied to a private snapshot first; the snapshot is what is
-    opened. Loading runs the plugin's constructors and init (``inspect``
-    runs nothing). All or nothing: on any error, raises a
-    ``max_device.PluginError`` subclass and nothing changes.
-    ``name`` registers the plugin under another name than its manifest's,
-    e.g. to load two builds side by side.
+    ``path`` is a file path, or a bare name looked up in the plugin search
+    path (see the module docstring). The file is copied to a private
+    snapshot first; the snapshot is what is opened. Loading runs the
+    plugin's constructors and init (``inspect`` runs nothing). All or
+    nothing: on any error, raises a ``max_device.PluginError`` subclass and
+    nothing changes. ``name`` registers the plugin under another name than
+    its manifest's, e.g. to load two builds side by side.
+
+    Trust: a file (or its directory) that another user owns or that group
+    or others may write is refused (``UntrustedPluginError``) unless
+    ``allow_untrusted=True``; a sticky directory such as /tmp is accepted.
+    ``sha256`` pins the content: the hash of the very snapshot that would
+    be opened must match, else ``HashMismatchError`` and nothing is opened.
 
     ``validate=True`` compares every kernel with the CPU on PyTorch's OpInfo
     samples before publishing and refuses the plugin on a mismatch
@@ -115,11 +201,13 @@ def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, va
     whose constructors or kernels crash or hang is refused while this
     process lives; with ``validate`` the comparison runs there too.
     """
-    path = os.fspath(path)
+    path, origin = _resolve(path)
+    pinned = _pinned(sha256)
     checks = _checks(path, name or inspect(path).name, validate, isolate, timeout) \
         if validate or isolate else {}
     with _lock:
-        info = _C._load_plugin(path, name, **checks)
+        info = _C._load_plugin(path, name, origin=origin, sha256=pinned, allow_untrusted=allow_untrusted,
+                               **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
@@ -140,8 +228,8 @@ def unload_plugin(plugin: Union[Plugin, str]) -> dict:
 
 
 def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathLike]] = None, *,
-                  force: bool = False, validate: bool = False, isolate: bool = False,
-                  timeout: float = 120.0) -> Plugin:
+                  force: bool = False, sha256: Optional[str] = None, allow_untrusted: Optional[bool] = None,
+                  validate: bool = False, isolate: bool = False, timeout: float = 120.0) -> Plugin:
     """Hot swap: load a new build of a loaded plugin and publish all its
     kernels in one atomic step.
 
@@ -152,13 +240,18 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathL
     no longer serves fall to the provider below. On any error nothing
     changes and the current version keeps serving. The previous versions
     stay mapped for ``rollback_plugin``. ``validate`` and ``isolate`` check
-    the new version before it goes live, as in ``load_plugin``."""
+    the new version before it goes live, as in ``load_plugin``. ``path``
+    may be a bare name (search path), ``sha256`` pins the new content and
+    ``allow_untrusted`` defaults to what the current version was loaded
+    with."""
     name = _name_of(plugin)
-    path = None if path is None else os.fspath(path)
+    path, origin = (None, None) if path is None else _resolve(path)
+    pinned = _pinned(sha256)
     checks = _checks(path or get_plugin(name).path, name, validate, isolate, timeout) \
         if validate or isolate else {}
     with _lock:
-        info = _C._reload_plugin(name, path, force, **checks)
+        info = _C._reload_plugin(name, path, force, origin=origin, sha256=pinned,
+                                 allow_untrusted=allow_untrusted, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
@@ -188,8 +281,9 @@ def get_plugin(name: str) -> Plugin:
 
 
 def inspect(path: Union[str, os.PathLike]) -> Manifest:
-    """Read a plugin file's manifest without loading it."""
-    m = _C._inspect(os.fspath(path))
+    """Read a plugin file's manifest without loading it (a bare name is
+    looked up in the plugin search path, as by ``load_plugin``)."""
+    m = _C._inspect(_resolve(path)[0])
     return Manifest(m["name"], m["version"], m["abi"], [KernelEntry(**k) for k in m["kernels"]],
                     list(m["exported_symbols"]))
 
@@ -234,6 +328,19 @@ def list_ops(*plugins: Union[Plugin, str]) -> OpTable:
                 continue  # it has its own provider stack
             table.append({"op": variant, "via": entry["op"], "layers": entry["layers"], "fallbacks": 0})
     return table
+
+
+def set_kernel_checks(enabled: bool) -> None:
+    """Kernel checks, a debugging mode: every plugin call also verifies that
+    its read-only inputs are unchanged and that the outputs it allocated have
+    the shapes and dtypes of the op's meta kernel; a breach raises
+    ``KernelError``. Costs a hash of the inputs and a meta call per call.
+    Off by default; ``MAX_DEVICE_CHECK_KERNELS=1`` turns it on at startup."""
+    _C._set_kernel_checks(bool(enabled))
+
+
+def kernel_checks() -> bool:
+    return _C._kernel_checks()
 
 
 def _forget_python_op_caches(ops: List[str]) -> None:

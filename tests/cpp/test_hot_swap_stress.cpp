@@ -80,7 +80,9 @@ TEST(HotSwapStress, TwoThreadsCallWhileTheMainThreadSwapsAThousandTimes) {
       maps = count_lines("/proc/self/maps");
       rss = rss_kib();
     }
-    registry.reload("reference", {i % 2 == 0 ? v2 : v1, false});
+    plugins::ReloadOptions options;
+    options.path = i % 2 == 0 ? v2 : v1;
+    registry.reload("reference", options);
   }
   stop = true;
   a.join();

@@ -94,6 +94,21 @@ TEST(Loader, NameAlreadyLoadedIsRefused) {
   registry.unload("good");
 }
 
+TEST(Loader, PinnedSha256MismatchChangesNothing) {
+  auto& registry = PluginRegistry::instance();
+  const std::string before = observable_state();
+  plugins::LoadOptions pinned;
+  pinned.sha256 = std::string(64, 'f');
+  expect_plugin_error([&] { registry.load(fixture("good"), std::nullopt, {}, pinned); }, ErrorKind::hash_mismatch,
+                      "not the pinned sha256 " + *pinned.sha256);
+  EXPECT_EQ(observable_state(), before);
+  const auto info = registry.load(fixture("good"), std::nullopt);
+  pinned.sha256 = info.sha256;
+  registry.unload("good");
+  EXPECT_EQ(registry.load(fixture("good"), std::nullopt, {}, pinned).origin, "path");
+  registry.unload("good");
+}
+
 TEST(Negotiation, CurrentVersionIsAccepted) {
   auto& registry = PluginRegistry::instance();
   const auto info = registry.load(fixture("good"), std::nullopt);

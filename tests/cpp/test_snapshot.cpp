@@ -1,5 +1,7 @@
 // Private snapshots: what the loader opens instead of the user's file.
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -23,6 +25,11 @@ std::string sha256_of(const std::string& text) {
   return h.hex_digest();
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
 TEST(Sha256, KnownVectors) {
   EXPECT_EQ(sha256_of(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(sha256_of("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
@@ -36,13 +43,12 @@ TEST(Snapshot, CopiesIntoAPrivateDirectoryUnderItsHash) {
   ASSERT_EQ(::stat(dir.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
 
-  const auto snap = plugins::take_snapshot(fixture("good"), ErrorContext{fixture("good"), ""});
+  const auto snap = plugins::take_snapshot(fixture("good"), plugins::TrustPolicy::owner_only,
+                                           ErrorContext{fixture("good"), ""});
   EXPECT_EQ(fs::path(snap.path).parent_path(), fs::path(dir));
   EXPECT_EQ(fs::path(snap.path).filename().string().substr(0, 16), snap.sha256.substr(0, 16));
-  std::ifstream a(fixture("good"), std::ios::binary), b(snap.path, std::ios::binary);
-  const std::string original((std::istreambuf_iterator<char>(a)), {});
-  const std::string copy((std::istreambuf_iterator<char>(b)), {});
-  EXPECT_EQ(original, copy);
+  const std::string original = read_file(fixture("good"));
+  EXPECT_EQ(original, read_file(snap.path));
   EXPECT_EQ(snap.sha256, sha256_of(original));
   plugins::remove_snapshot(snap);
   EXPECT_FALSE(fs::exists(snap.path));
@@ -58,8 +64,47 @@ TEST(Snapshot, LoadedPluginRunsFromItsSnapshotWhichUnloadRemoves) {
 }
 
 TEST(Snapshot, DirectoryIsRefused) {
-  expect_plugin_error([] { plugins::take_snapshot(MAXDEV_FIXTURE_DIR, ErrorContext{MAXDEV_FIXTURE_DIR, ""}); },
+  expect_plugin_error([] {
+                        plugins::take_snapshot(MAXDEV_FIXTURE_DIR, plugins::TrustPolicy::owner_only,
+                                               ErrorContext{MAXDEV_FIXTURE_DIR, ""});
+                      },
                       plugins::ErrorKind::not_found, "is a directory");
+}
+
+TEST(Snapshot, StaleDirectoriesOfDeadProcessesAreRemovedOthersKept) {
+  const fs::path own = plugins::snapshot_directory();
+  const std::string own_name = own.filename().string();  // "<pid namespace>-<pid>"
+  const std::string pid_namespace = own_name.substr(0, own_name.find('-'));
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const fs::path dead_dir = own.parent_path() / (pid_namespace + "-" + std::to_string(dead));
+  const fs::path live_dir = own.parent_path() / (pid_namespace + "-" + std::to_string(::getppid()));
+  fs::create_directory(dead_dir);
+  std::ofstream(dead_dir / "left.so") << "snapshot of a crashed process";
+  const bool live_dir_existed = !fs::create_directory(live_dir);
+
+  EXPECT_GE(plugins::remove_stale_snapshots(), 1u);
+  EXPECT_FALSE(fs::exists(dead_dir));
+  EXPECT_TRUE(fs::is_directory(live_dir));
+  EXPECT_TRUE(fs::is_directory(own));
+  if (!live_dir_existed) fs::remove(live_dir);
+}
+
+TEST(Trust, GroupWritableFileIsRefusedUnlessAllowed) {
+  char dir_template[] = "/tmp/maxdev-trust-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const fs::path dir = dir_template;
+  const fs::path file = dir / "good.so";
+  fs::copy_file(fixture("good"), file);
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_write);
+  const ErrorContext ctx{file.string(), ""};
+  expect_plugin_error([&] { plugins::take_snapshot(file.string(), plugins::TrustPolicy::owner_only, ctx); },
+                      plugins::ErrorKind::untrusted, "writable by group or others (mode 0620)");
+  const auto snap = plugins::take_snapshot(file.string(), plugins::TrustPolicy::allow_untrusted, ctx);
+  EXPECT_EQ(snap.sha256, sha256_of(read_file(file.string())));
+  plugins::remove_snapshot(snap);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -105,6 +105,22 @@ def test_kernel_checks_find_what_the_boundary_cannot(fixture_file):
     assert results["writes_input"][4] == [42.0, 2.0, 3.0, 4.0]  # detected after the fact, not prevented
 
 
+def test_kernel_checks_switch_at_runtime(load_plugin, fixture_file):
+    """set_kernel_checks turns the checks on and off in a running process."""
+    load_plugin(fixture_file("wrong_shape"))
+    x = torch.arange(1.0, 5.0, device=DEVICE)
+    assert not max_device.kernel_checks()
+    assert torch.frac(x).shape == (5,)  # unchecked: the breach goes unseen
+    max_device.set_kernel_checks(True)
+    try:
+        assert max_device.kernel_checks()
+        with pytest.raises(max_device.KernelError, match="meta kernel gives Float\\[4\\]"):
+            torch.frac(x)
+    finally:
+        max_device.set_kernel_checks(False)
+    assert torch.frac(x).shape == (5,)
+
+
 UNLOAD_CODE = """
 import json, sys, torch, max_device
 plugin = max_device.load_plugin(sys.argv[1])
