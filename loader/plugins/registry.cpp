@@ -51,6 +51,38 @@ std::set<std::string> foreign_namespaces(const std::set<std::string>& ours) {
   return out;
 }
 
+// True on the thread that is making a change (holding the registry's mutex).
+thread_local bool change_on_this_thread = false;
+
+// Holds the registry's mutex for one change (load, reload, rollback, unload,
+// overrides). Checks run inside a change and may call back (validate=True
+// runs Python that lists plugins or ops): a nested change is refused with a
+// clear error instead of deadlocking on the mutex.
+class ChangeLock {
+ public:
+  explicit ChangeLock(std::mutex& mutex) {
+    if (change_on_this_thread) {
+      throw PluginError(ErrorKind::state, "", "", "",
+                        "a plugin change (load, reload, rollback, unload, override) cannot start "
+                        "inside a check of another change");
+    }
+    lock_ = std::unique_lock(mutex);
+    change_on_this_thread = true;
+  }
+  ~ChangeLock() { change_on_this_thread = false; }
+  ChangeLock(const ChangeLock&) = delete;
+  ChangeLock& operator=(const ChangeLock&) = delete;
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+// For listings: inside a change on this thread the mutex is already held
+// and nothing else can change, so the listing reads without it.
+std::unique_lock<std::mutex> lock_for_listing(std::mutex& mutex) {
+  return change_on_this_thread ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(mutex);
+}
+
 }  // namespace
 
 // One opened build of a plugin and the providers made from it.
@@ -347,7 +379,7 @@ void PluginRegistry::close_versions(std::vector<std::shared_ptr<Version>> versio
 
 PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std::string>& name,
                                 const Checks& checks, const LoadOptions& options) {
-  std::lock_guard lock(mutex_);
+  ChangeLock lock(mutex_);
   Prepared prepared = prepare(path, name.value_or(""), /*new_plugin=*/true, options, checks);
   const auto started = prepared.started;
   auto plugin = std::make_unique<Plugin>();
@@ -367,7 +399,7 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
 }
 
 PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& options, const Checks& checks) {
-  std::lock_guard lock(mutex_);
+  ChangeLock lock(mutex_);
   Plugin& plugin = find(name);
   const PluginInfo& current = plugin.current->info;
   const std::string path = options.path.value_or(current.path);
@@ -413,7 +445,7 @@ PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& 
 }
 
 PluginInfo PluginRegistry::rollback(const std::string& name) {
-  std::lock_guard lock(mutex_);
+  ChangeLock lock(mutex_);
   Plugin& plugin = find(name);
   if (plugin.previous.empty()) {
     throw PluginError(ErrorKind::state, plugin.current->info.path, name, "",
@@ -432,7 +464,7 @@ PluginInfo PluginRegistry::rollback(const std::string& name) {
 }
 
 UnloadReport PluginRegistry::unload(const std::string& name) {
-  std::lock_guard lock(mutex_);
+  ChangeLock lock(mutex_);
   Plugin& plugin = find(name);
   auto it = std::find_if(plugins_.begin(), plugins_.end(), [&](const auto& p) { return p.get() == &plugin; });
   std::unique_ptr<Plugin> removed = std::move(*it);
@@ -448,7 +480,7 @@ UnloadReport PluginRegistry::unload(const std::string& name) {
 }
 
 uint64_t PluginRegistry::push_override(const std::string& op, std::shared_ptr<dispatch::Provider> provider) {
-  std::lock_guard lock(mutex_);
+  ChangeLock lock(mutex_);
   try {
     OpTable::instance().slot(op);
   } catch (const std::invalid_argument& e) {
@@ -461,7 +493,7 @@ uint64_t PluginRegistry::push_override(const std::string& op, std::shared_ptr<di
 }
 
 bool PluginRegistry::remove_override(uint64_t token) {
-  std::lock_guard lock(mutex_);
+  ChangeLock lock(mutex_);
   auto it = std::find_if(overrides_.begin(), overrides_.end(), [&](const auto& o) { return o.token == token; });
   if (it == overrides_.end()) return false;
   overrides_.erase(it);
@@ -470,7 +502,7 @@ bool PluginRegistry::remove_override(uint64_t token) {
 }
 
 size_t PluginRegistry::restore(const std::string& op) {
-  std::lock_guard lock(mutex_);
+  ChangeLock lock(mutex_);
   const size_t before = overrides_.size();
   overrides_.erase(std::remove_if(overrides_.begin(), overrides_.end(), [&](const auto& o) { return o.op == op; }),
                    overrides_.end());
@@ -480,7 +512,7 @@ size_t PluginRegistry::restore(const std::string& op) {
 }
 
 std::vector<PluginInfo> PluginRegistry::plugins() const {
-  std::lock_guard lock(mutex_);
+  const auto lock = lock_for_listing(mutex_);
   std::vector<PluginInfo> out;
   for (const auto& p : plugins_) {
     out.push_back(p->current->info);
@@ -491,7 +523,7 @@ std::vector<PluginInfo> PluginRegistry::plugins() const {
 }
 
 std::vector<OpReport> PluginRegistry::ops() const {
-  std::lock_guard lock(mutex_);
+  const auto lock = lock_for_listing(mutex_);
   std::vector<OpReport> out;
   std::map<std::string, int64_t> fallbacks;
   for (const auto& [op, n] : dispatch::fallback_counts()) fallbacks[op] = n;

@@ -9,6 +9,7 @@
 #include "device/generator.h"
 #include "dispatch/cpu_fallback.h"
 #include "dispatch/kernel_provider.h"
+#include "dispatch/op_table.h"
 #include "plugins/errors.h"
 #include "plugins/registry.h"
 #include "plugins/snapshot.h"
@@ -227,6 +228,13 @@ void bind_plugins(py::module_& m) {
       out.append(plugin_info(info));
     }
     return out;
+  });
+  // Ops whose PrivateUse1 kernel is a loader trampoline (registered once,
+  // kept after its last provider leaves), as opposed to max_device's own.
+  m.def("_trampoline_ops", [] {
+    std::vector<std::string> names;
+    for (const auto* slot : dispatch::OpTable::instance().slots()) names.push_back(slot->name);
+    return names;
   });
   m.def("_set_kernel_checks", &dispatch::set_kernel_checks);
   m.def("_kernel_checks", &dispatch::kernel_checks);

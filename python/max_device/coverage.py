@@ -26,12 +26,6 @@ from ._structured import _delegates
 
 CATEGORIES = ("plugin", "max_device", "composite", "fallback", "none")
 
-# max_device's own PrivateUse1 kernels, read when this module is imported
-# (by ``import max_device``, before any plugin can be loaded): the loader's
-# trampolines register on the same key and stay registered after an unload,
-# so the dispatcher alone cannot tell the two apart later.
-_DEVICE_KERNELS = frozenset(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
-
 _COMPOSITE_KEYS = ("CompositeExplicitAutogradNonFunctional", "CompositeExplicitAutograd",
                    "CompositeImplicitAutograd")
 
@@ -92,6 +86,10 @@ def core_op_coverage(*plugins) -> CoverageReport:
         if owners:
             served[entry["op"]] = owners[-1]
     delegate_of = {variant: out for out, variants in _delegates().items() for variant in variants}
+    # max_device's own PrivateUse1 kernels: the loader's trampolines register
+    # on the same key (and stay after their last provider leaves)
+    device_kernels = set(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")) \
+        - set(_C._trampoline_ops())
 
     ops, providers = {}, {}
     for op in core_ops():
@@ -102,7 +100,7 @@ def core_op_coverage(*plugins) -> CoverageReport:
             ops[op], providers[op] = "plugin", f"{served[delegate]} via {delegate}"
         elif delegate is not None:  # the structured composite calls the .out op, which falls back
             ops[op], providers[op] = "fallback", f"via {delegate}"
-        elif op in _DEVICE_KERNELS:
+        elif op in device_kernels:
             ops[op] = "max_device"
         elif any(torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for key in _COMPOSITE_KEYS):
             ops[op] = "composite"

@@ -12,7 +12,6 @@ looked up in the current directory or ``LD_LIBRARY_PATH``.
 import dataclasses
 import os
 import re
-import threading
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -162,9 +161,6 @@ class Plugin:
                 f"({len(self.ops)} ops, sha256 {self.sha256[:12]}){state}>")
 
 
-_lock = threading.Lock()
-
-
 def _checks(path: str, plugin: str, validate: bool, isolate: bool, timeout: float) -> dict:
     from . import validation
     checks = {}
@@ -205,9 +201,8 @@ def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, sh
     pinned = _pinned(sha256)
     checks = _checks(path, name or inspect(path).name, validate, isolate, timeout) \
         if validate or isolate else {}
-    with _lock:
-        info = _C._load_plugin(path, name, origin=origin, sha256=pinned, allow_untrusted=allow_untrusted,
-                               **checks)
+    info = _C._load_plugin(path, name, origin=origin, sha256=pinned, allow_untrusted=allow_untrusted,
+                           **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
@@ -221,8 +216,7 @@ def unload_plugin(plugin: Union[Plugin, str]) -> dict:
     thread_local destructors), which is also logged."""
     name = _name_of(plugin)
     defines = next((p["defines"] for p in _C._list_plugins() if p["name"] == name), [])
-    with _lock:
-        report = _C._unload_plugin(name)
+    report = _C._unload_plugin(name)
     _forget_python_op_caches(defines)
     return report
 
@@ -249,17 +243,15 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathL
     pinned = _pinned(sha256)
     checks = _checks(path or get_plugin(name).path, name, validate, isolate, timeout) \
         if validate or isolate else {}
-    with _lock:
-        info = _C._reload_plugin(name, path, force, origin=origin, sha256=pinned,
-                                 allow_untrusted=allow_untrusted, **checks)
+    info = _C._reload_plugin(name, path, force, origin=origin, sha256=pinned,
+                             allow_untrusted=allow_untrusted, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
 
 def rollback_plugin(plugin: Union[Plugin, str]) -> Plugin:
     """Return to the previous version (still mapped) in one atomic step."""
-    with _lock:
-        return Plugin(_C._rollback_plugin(_name_of(plugin)))
+    return Plugin(_C._rollback_plugin(_name_of(plugin)))
 
 
 def _name_of(plugin: Union[Plugin, str]) -> str:

@@ -44,3 +44,25 @@ def test_a_crashing_version_is_refused_by_the_isolated_check(load_plugin, fixtur
 def test_isolated_load_of_a_good_plugin(load_plugin, fixture_file):
     plugin = load_plugin(fixture_file("good"), isolate=True, validate=True)
     assert plugin.generation == 1 and neg_served_by() == "good@1.0.0"
+
+
+def test_a_check_may_list_state_but_not_start_another_change(load_plugin, fixture_file):
+    """Checks run inside the change (the registry's lock held): listing
+    plugins and ops from one works, a nested change is refused, not a
+    deadlock. (A check is any callable; validate=True installs one.)"""
+    load_plugin(fixture_file("good"))
+    seen = {}
+
+    def check(ops):
+        seen["plugins"] = [p.name for p in max_device.list_plugins()]
+        seen["ops"] = [e["op"] for e in max_device.list_ops() if not e["via"]]
+        with pytest.raises(max_device.PluginStateError, match="inside a check of another change"):
+            max_device.unload_plugin("good")
+        seen["ops_in_check"] = ops
+
+    info = max_device._C._load_plugin(fixture_file("good_copy"), None, before_publish=check)
+    try:
+        assert seen == {"plugins": ["good"], "ops": ["aten::neg.out"], "ops_in_check": ["aten::neg.out"]}
+        assert [p.name for p in max_device.list_plugins()] == ["good", info["name"]]
+    finally:
+        max_device.unload_plugin(info["name"])
