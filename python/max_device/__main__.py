@@ -64,31 +64,26 @@ def main(argv=None) -> int:
 
     import max_device
 
-    if args.command == "inspect":
-        try:
-            print(max_device.inspect(args.path))
-        except max_device.PluginError as e:
-            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-        return 0
-    if args.command == "ops":
-        loaded = []
-        try:
-            for path in args.plugins:
-                loaded.append(max_device.load_plugin(path))
-        except max_device.PluginError as e:
-            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-        print(max_device.list_ops(*loaded))
-        return 0
-    if args.command == "check":
-        return _check(max_device, args)
-    if args.command == "coverage":
-        return _coverage(max_device, args)
-    if args.command == "watch":
-        return _watch(max_device, args)
-    parser.print_help()
-    return 2
+    commands = {"inspect": _inspect, "ops": _ops, "check": _check, "coverage": _coverage, "watch": _watch}
+    if args.command not in commands:
+        parser.print_help()
+        return 2
+    try:
+        return commands[args.command](max_device, args)
+    except (max_device.PluginError, ValueError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def _inspect(max_device, args) -> int:
+    print(max_device.inspect(args.path))
+    return 0
+
+
+def _ops(max_device, args) -> int:
+    loaded = [max_device.load_plugin(path) for path in args.plugins]
+    print(max_device.list_ops(*loaded))
+    return 0
 
 
 def _comma_list(text: str):
@@ -98,12 +93,8 @@ def _comma_list(text: str):
 def _check(max_device, args) -> int:
     from max_device.testing import check_plugin
 
-    try:
-        result = check_plugin(args.path, ops=args.ops, dtypes=args.dtypes, max_samples=args.max_samples,
-                              quiet=args.quiet)
-    except (max_device.PluginError, ValueError) as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    result = check_plugin(args.path, ops=args.ops, dtypes=args.dtypes, max_samples=args.max_samples,
+                          quiet=args.quiet)
     print(json.dumps(result.to_json(), indent=2) if args.json else result)
     return 0 if result.passed else 1
 
@@ -111,11 +102,7 @@ def _check(max_device, args) -> int:
 def _coverage(max_device, args) -> int:
     from max_device.testing import core_op_coverage
 
-    try:
-        plugins = [max_device.load_plugin(path) for path in args.plugins]
-    except max_device.PluginError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    plugins = [max_device.load_plugin(path) for path in args.plugins]
     report = core_op_coverage(*plugins)
     print(json.dumps(report.to_json(), indent=2) if args.json else report)
     return 0
@@ -124,11 +111,7 @@ def _coverage(max_device, args) -> int:
 def _watch(max_device, args) -> int:
     import time
 
-    try:
-        plugins = [max_device.load_plugin(path) for path in args.plugins]
-    except max_device.PluginError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    plugins = [max_device.load_plugin(path) for path in args.plugins]
     watches = [max_device.watch(p.path, debounce=args.debounce) for p in plugins]
     print(f"watching {len(plugins)} plugin(s); rebuild them to reload, Ctrl-C to stop", flush=True)
     shown = 0
