@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -49,16 +50,19 @@ def device_copy(t):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line for the OpInfo suite: how many (op, dtype) cases and error
-    checks passed, failed or are declared gaps."""
+    """One line per OpInfo configuration (test_opinfo.py's classes
+    TestOpInfo<configuration>MAX_DEVICE): how many cases passed, failed, are
+    declared gaps (xfailed) or were skipped."""
     counts = {}
-    for key in ("passed", "failed", "xfailed", "xpassed", "skipped", "error"):
-        for report in terminalreporter.stats.get(key, []):
-            if "test_opinfo.py" in getattr(report, "nodeid", ""):
-                counts[key] = counts.get(key, 0) + 1
-    if counts:
-        line = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-        terminalreporter.write_line(f"OpInfo on max_device vs CPU: {line}")
+    for outcome in ("passed", "failed", "xfailed", "xpassed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            found = re.search(r"test_opinfo\.py::TestOpInfo(\w+)MAX_DEVICE::", getattr(report, "nodeid", ""))
+            if found:
+                per_config = counts.setdefault(found.group(1), {})
+                per_config[outcome] = per_config.get(outcome, 0) + 1
+    for config, per_config in sorted(counts.items()):
+        line = ", ".join(f"{n} {outcome}" for outcome, n in sorted(per_config.items()))
+        terminalreporter.write_line(f"OpInfo on max_device vs CPU [{config}]: {line}")
 
 
 # --- Plugins -----------------------------------------------------------------
