@@ -124,3 +124,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
+
+// Copies keep the conjugate and negative bits of their operands: the host
+// aliases carry them and the CPU copy resolves them. Without these
+// fallthroughs the math-bit fallbacks would first materialize the source by
+// cloning it, and a clone on max_device is a _copy_from again, forever.
+// (Only backends outside CPU/CUDA reach _copy_from at all.)
+#define MAXDEV_COPIES_KEEP_MATH_BITS(key)                                  \
+  TORCH_LIBRARY_IMPL(aten, key, m) {                                       \
+    m.impl("_copy_from", torch::CppFunction::makeFallthrough());           \
+    m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough()); \
+  }
+MAXDEV_COPIES_KEEP_MATH_BITS(Conjugate)
+MAXDEV_COPIES_KEEP_MATH_BITS(Negative)

@@ -6,7 +6,10 @@
  * broadcast, and a 0-dim CPU tensor operand (`x + torch.tensor(2.)`, or the
  * wrapped number of `x + 2`) is read as a scalar. Anything else — other
  * dtypes, CPU tensors that are not 0-dim, outputs that overlap inputs in a
- * way a kernel cannot handle — is declined, and PyTorch's CPU kernel runs.
+ * way a kernel cannot handle, shapes a kernel does not expect (an out=
+ * tensor that must be resized, operands that do not broadcast) — is
+ * declined, and PyTorch's CPU kernel runs: it resizes, or raises PyTorch's
+ * own error.
  *
  * Kernels keep no global state and are safe to call from several threads.
  *
@@ -455,7 +458,7 @@ static const maxdev_tensor* ew_input(const maxdev_tensor* t, scalar_view* sv) {
 }
 
 /* out = op(a[, b]) with broadcasting; b is NULL for unary ops. */
-static status ew_apply(const maxdev_call* c, ew_op op, double alpha,
+static status ew_apply(ew_op op, double alpha,
                        const maxdev_tensor* out, const maxdev_tensor* a_in,
                        const maxdev_tensor* b_in) {
   scalar_view sa, sb;
@@ -470,14 +473,14 @@ static status ew_apply(const maxdev_call* c, ew_op op, double alpha,
   int64_t shape[REF_MAX_DIMS];
   if (b != NULL) {
     if (!broadcast_shape(a, b, &ndim, shape))
-      return c->host->set_error(c->ctx, "reference: operands do not broadcast");
+      return MAXDEV_DECLINED;
   } else {
     for (int32_t d = 0; d < ndim; ++d) shape[d] = a->shape[d];
   }
-  if (ndim != out->ndim) return c->host->set_error(c->ctx, "reference: output shape mismatch");
+  if (ndim != out->ndim) return MAXDEV_DECLINED;
   for (int32_t d = 0; d < ndim; ++d)
     if (shape[d] != out->shape[d])
-      return c->host->set_error(c->ctx, "reference: output shape mismatch");
+      return MAXDEV_DECLINED;
 
   const maxdev_tensor* ops[3] = {out, a, b};
   nd_iter it;
@@ -497,7 +500,7 @@ static status binary_out(const maxdev_call* c, ew_op op, int has_alpha,
   double alpha = 1.0;
   if (c->num_args != (has_alpha ? 4 : 3)) return MAXDEV_DECLINED;
   if (has_alpha && !arg_real(c, 2, &alpha)) return MAXDEV_DECLINED;
-  return ew_apply(c, op, sign * alpha, output(c, 0), arg_tensor(c, 0),
+  return ew_apply(op, sign * alpha, output(c, 0), arg_tensor(c, 0),
                   arg_tensor(c, 1));
 }
 
@@ -510,7 +513,7 @@ static status div_out(const maxdev_call* c) { return binary_out(c, EW_DIV, 0, 1.
 
 static status unary_out(const maxdev_call* c, ew_op op) {
   if (c->num_args != 2) return MAXDEV_DECLINED;
-  return ew_apply(c, op, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
+  return ew_apply(op, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
 }
 
 static status neg_out(const maxdev_call* c) { return unary_out(c, EW_NEG); }
@@ -527,7 +530,7 @@ static status relu_functional(const maxdev_call* c) {
   if (c->host->alloc_output(c->ctx, 0, self->dtype, self->ndim, self->shape,
                             &out) != MAXDEV_OK)
     return MAXDEV_ERROR;
-  return ew_apply(c, EW_RELU, 1.0, out, self, NULL);
+  return ew_apply(EW_RELU, 1.0, out, self, NULL);
 }
 
 /* aten::relu_(Tensor(a!) self) -> Tensor(a!): in place; outputs[0] is self. */
@@ -535,7 +538,7 @@ static status relu_inplace(const maxdev_call* c) {
   const maxdev_tensor* self = arg_tensor(c, 0);
   const maxdev_tensor* out = output(c, 0);
   if (c->num_args != 1) return MAXDEV_DECLINED;
-  return ew_apply(c, EW_RELU, 1.0, out != NULL ? out : self, self, NULL);
+  return ew_apply(EW_RELU, 1.0, out != NULL ? out : self, self, NULL);
 }
 
 /* aten::gelu.out(Tensor self, *, str approximate='none', Tensor(a!) out) */
@@ -544,9 +547,9 @@ static status gelu_out(const maxdev_call* c) {
   if (c->num_args != 3 || approx == NULL || approx->u.string == NULL)
     return MAXDEV_DECLINED;
   if (strcmp(approx->u.string, "none") == 0)
-    return ew_apply(c, EW_GELU, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
+    return ew_apply(EW_GELU, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
   if (strcmp(approx->u.string, "tanh") == 0)
-    return ew_apply(c, EW_GELU_TANH, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
+    return ew_apply(EW_GELU_TANH, 1.0, output(c, 0), arg_tensor(c, 0), NULL);
   return MAXDEV_DECLINED;
 }
 
@@ -651,7 +654,7 @@ static status reduce_out(const maxdev_call* c, int mean) {
   return MAXDEV_OK;
 
 shape_error:
-  return c->host->set_error(c->ctx, "reference: reduction output shape mismatch");
+  return MAXDEV_DECLINED;
 }
 
 static status sum_out(const maxdev_call* c) { return reduce_out(c, 0); }
@@ -713,7 +716,7 @@ static status mm_like(const maxdev_call* c, int batched) {
   const int64_t n = a->shape[o], k = a->shape[o + 1], m = b->shape[o + 1];
   if (b->shape[o] != k || out->ndim != nd || out->shape[o] != n ||
       out->shape[o + 1] != m || (batched && (b->shape[0] != batch || out->shape[0] != batch)))
-    return c->host->set_error(c->ctx, "reference: matrix shapes do not match");
+    return MAXDEV_DECLINED;
   double* acc = alloc_acc(m);
   if (acc == NULL) return c->host->set_error(c->ctx, "reference: out of memory");
   for (int64_t bi = 0; bi < batch; ++bi) {
@@ -750,10 +753,10 @@ static status addmm_out(const maxdev_call* c) {
   const int64_t n = a->shape[0], k = a->shape[1], m = b->shape[1];
   if (b->shape[0] != k || out->ndim != 2 || out->shape[0] != n ||
       out->shape[1] != m)
-    return c->host->set_error(c->ctx, "reference: matrix shapes do not match");
+    return MAXDEV_DECLINED;
   int64_t bias_strides[2];
   if (!broadcast_strides(self, 2, out->shape, bias_strides))
-    return c->host->set_error(c->ctx, "reference: addmm input does not broadcast");
+    return MAXDEV_DECLINED;
   mat bias;
   bias.p = (char*)maxdev_tensor_data(self);
   bias.s0 = bias_strides[0];
@@ -830,13 +833,13 @@ static void sm_row(char* const* p, const int64_t* s, int64_t n, void* vctx) {
 }
 
 /* ts[0] is the output; all have one shape; dim is the softmax dimension. */
-static status sm_apply(const maxdev_call* c, sm_op op, int64_t dim,
+static status sm_apply(sm_op op, int64_t dim,
                        int32_t nops, const maxdev_tensor* const* ts) {
   for (int32_t k = 0; k < nops; ++k)
     if (!is_device_f32(ts[k])) return MAXDEV_DECLINED;
   for (int32_t k = 1; k < nops; ++k) {
     if (!same_shape(ts[0], ts[k]))
-      return c->host->set_error(c->ctx, "reference: softmax shapes do not match");
+      return MAXDEV_DECLINED;
     if (unsafe_overlap(ts[0], ts[k])) return MAXDEV_DECLINED;
   }
   const maxdev_tensor* t0 = ts[0];
@@ -873,7 +876,7 @@ static status softmax_like(const maxdev_call* c, sm_op op) {
       half_to_float)
     return MAXDEV_DECLINED;
   const maxdev_tensor* ts[2] = {output(c, 0), arg_tensor(c, 0)};
-  return sm_apply(c, op, dim, 2, ts);
+  return sm_apply(op, dim, 2, ts);
 }
 
 /* _softmax_backward_data.out(Tensor grad_output, Tensor output, int dim,
@@ -885,7 +888,7 @@ static status softmax_bwd_like(const maxdev_call* c, sm_op op) {
       !maxdev_dtype_is(input_dtype->u.dtype, MAXDEV_TYPE_FLOAT, 32))
     return MAXDEV_DECLINED;
   const maxdev_tensor* ts[3] = {output(c, 0), arg_tensor(c, 0), arg_tensor(c, 1)};
-  return sm_apply(c, op, dim, 3, ts);
+  return sm_apply(op, dim, 3, ts);
 }
 
 static status softmax_out(const maxdev_call* c) { return softmax_like(c, SM_SOFTMAX); }

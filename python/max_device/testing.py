@@ -39,8 +39,11 @@ def to_device(value, storages: Optional[dict] = None):
             dev_storage = cpu_storage.max_device()
             if cpu_storage.nbytes():
                 storages[key] = dev_storage
-        return torch.empty(0, dtype=t.dtype, device=DEVICE).set_(
+        moved = torch.empty(0, dtype=t.dtype, device=DEVICE).set_(
             dev_storage, t.storage_offset(), t.size(), t.stride())
+        # the storage holds the unconjugated, unnegated values: keep the views' bits
+        moved = moved.conj() if t.is_conj() else moved
+        return moved._neg_view() if t.is_neg() else moved
     if isinstance(value, (list, tuple)):
         moved = [to_device(v, storages) for v in value]
         return moved if isinstance(value, list) else tuple(moved)
@@ -71,6 +74,8 @@ def sample_to_device(opinfo, sample):
     """(input, args, kwargs) of an OpInfo sample on max_device, sharing
     storages as on the CPU; arguments PyTorch wants on the CPU stay there."""
     dev_input, dev_args, dev_kwargs = to_device((sample.input, sample.args, sample.kwargs))
+    if dev_kwargs.get("device") == "cpu":  # to_device moves torch.device objects, not strings
+        dev_kwargs["device"] = DEVICE
     keep = ARGS_KEPT_ON_CPU.get(opinfo.name, ())
     dev_args = tuple(sample.args[i] if i in keep else a for i, a in enumerate(dev_args))
     return dev_input, dev_args, dev_kwargs

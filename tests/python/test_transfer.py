@@ -104,3 +104,21 @@ def test_module_to_keeps_parameters_and_ties():
     assert weight.device.type == DEVICE
     model.to("cpu")
     assert model[1].weight is weight and weight.device.type == "cpu"
+
+
+def test_copies_resolve_conjugate_and_negative_views():
+    """Conjugate and negative views copy as their values (PyTorch's math-bit
+    fallbacks would otherwise recurse through _copy_from until the stack
+    overflows)."""
+    z = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64)
+    zd = z.to(DEVICE).conj()
+    assert zd.is_conj()
+    for copy in (zd.clone(), zd.resolve_conj(), zd.contiguous()):
+        assert torch.equal(copy.cpu(), z.conj().resolve_conj())
+    assert torch.equal(zd.cpu(), z.conj())
+    into = torch.empty(2, dtype=torch.complex64, device=DEVICE)
+    into.conj().copy_(z.to(DEVICE))  # writing through a conjugate view
+    assert torch.equal(into.cpu(), z.conj())
+    x = torch.tensor([1.0, -2.0])
+    xd = x.to(DEVICE)._neg_view()
+    assert xd.is_neg() and torch.equal(xd.clone().cpu(), -x)
