@@ -64,6 +64,12 @@ c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage) {
 }
 
 at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
+  // One alias per device tensor: a kernel that gets the same tensor twice
+  // (logical_and_ is logical_and.out(self, other, out=self)) must see one
+  // tensor, or it treats the output as a separate tensor it may resize.
+  for (const auto& pair : tensors_) {
+    if (pair.device.unsafeGetTensorImpl() == device_tensor.unsafeGetTensorImpl()) return pair.alias;
+  }
   auto* device_storage = device_tensor.storage().unsafeGetStorageImpl();
   c10::Storage alias;
   for (const auto& pair : storages_) {
@@ -74,7 +80,7 @@ at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
     storages_.push_back({device_storage, alias, alias.data()});
   }
   auto cpu = tensor_on(std::move(alias), c10::DispatchKey::CPU, device_tensor);
-  tensors_.push_back({cpu.unsafeGetTensorImpl(), device_tensor});
+  tensors_.push_back({cpu, device_tensor});
   return cpu;
 }
 
@@ -118,7 +124,7 @@ c10::Storage HostAliasScope::device_storage_for(const c10::Storage& cpu_storage)
 at::Tensor HostAliasScope::to_device(const at::Tensor& result) {
   if (!result.defined() || result.device().type() != c10::kCPU) return result;
   for (const auto& pair : tensors_) {
-    if (pair.alias == result.unsafeGetTensorImpl()) return pair.device;
+    if (pair.alias.unsafeGetTensorImpl() == result.unsafeGetTensorImpl()) return pair.device;
   }
   return device_tensor_on(device_storage_for(result.storage()), result);
 }

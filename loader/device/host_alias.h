@@ -46,7 +46,7 @@ class HostAliasScope {
     const void* original_data;
   };
   struct TensorPair {
-    const c10::TensorImpl* alias;
+    at::Tensor alias;
     at::Tensor device;
   };
   const StoragePair* find_alias(const c10::StorageImpl* alias_storage) const;

@@ -84,11 +84,10 @@ KNOWN_FAILURES = {
     ("test_errors", "cat", None, None): (
         "loader bug: cat(out=) with an out tensor that overlaps an input raises RuntimeError on the "
         "CPU ('refer to a single memory location'), nothing on max_device"),
-    **{("test_inplace", op, None, None): (
-        "loader bug: an in-place op whose input would have to grow to the broadcast shape (e.g. "
-        "x(5,1).logical_and_(y(5,))) must raise; max_device resizes x to (5,5) like an out= tensor "
-        "(with the 'output was resized' warning)")
-       for op in ("addr", "ldexp", "logical_and", "logical_or", "logical_xor")},
+    ("test_inplace", "addr", None, None): (
+        "max_device divergence, not diagnosed further: addr_ on a 0-d self with vectors of sizes "
+        "5 and 10 raises RuntimeError on the CPU and resizes self on max_device (both run "
+        "addr_'s CompositeExplicitAutograd kernel; the difference is inside addr.out)"),
     ("test_noncontiguous_samples", "native_group_norm", None, None): (
         "max_device divergence, not diagnosed further: the CPU kernel rejects a non-contiguous "
         "input (X.is_contiguous check), max_device computes a result"),
