@@ -97,3 +97,15 @@ def machine_line(m: dict) -> str:
     load_s = f", load avg {load[0]:.2f}" if load else ""
     return (f"machine: {m['cpu_model']}, nproc {m['nproc']}, torch {m['torch']}, "
             f"{m['torch_threads']} torch threads{load_s}")
+
+
+def print_machine(m: dict, quick: bool) -> None:
+    """The machine line that heads a benchmark's printed results."""
+    print()
+    print(machine_line(m) + (" (quick)" if quick else ""))
+
+
+def print_header(header: str) -> None:
+    """A table's header line and its rule."""
+    print(header)
+    print("-" * len(header))

@@ -17,7 +17,7 @@ import time
 import torch
 
 import max_device
-from _benchlib import machine
+import _benchlib as bl
 
 DEVICE = "max_device"
 SIZES = (64, 1 << 20, 1 << 24)
@@ -100,20 +100,17 @@ def main():
             print(f"  {name:5s} n={n:>9d}: zero_copy {r['ratio_zero_copy']:.3f}x  "
                   f"copying {r['ratio_copying']:.3f}x", flush=True)
 
-    report = {"benchmark": "bench_fallback", "quick": args.quick, "machine": machine(),
+    report = {"benchmark": "bench_fallback", "quick": args.quick, "machine": bl.machine(),
               "targets": {"zero_copy_ratio_max": {"64": 1.3, "1048576": 1.05, "16777216": 1.05}},
               "results": results}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 
-    m = report["machine"]
-    print(f"\nmachine: {m['cpu_model']}, nproc {m['nproc']}, torch {m['torch']}, "
-          f"{m['torch_threads']} threads{' (quick)' if args.quick else ''}")
+    bl.print_machine(report["machine"], args.quick)
     header = f"{'op':6s} {'fallback op':15s} {'numel':>9s} {'reps':>5s} {'cpu us':>10s} " \
              f"{'zero-copy us':>13s} {'ratio':>6s} {'copying us':>11s} {'ratio':>6s}"
-    print(header)
-    print("-" * len(header))
+    bl.print_header(header)
     for r in results:
         med = r["median_ns"]
         print(f"{r['op']:6s} {r['fallback_op']:15s} {r['numel']:>9d} {r['reps']:>5d} "

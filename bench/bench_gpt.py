@@ -167,12 +167,10 @@ def main():
               "results": results, "summary": summary}
     path = bl.write_json("gpt.json", report, args.out)
 
-    print()
-    print(bl.machine_line(machine) + (" (quick)" if args.quick else ""))
+    bl.print_machine(machine, args.quick)
     header = (f"{'config':28s} {'variant':10s} {'median ms':>10s} {'p10..p90 ms':>15s} "
               f"{'/ cpu':>6s} {'n':>4s}")
-    print(header)
-    print("-" * len(header))
+    bl.print_header(header)
     for label, r in results.items():
         c = r["config"]
         desc = (f"{label} (d={c['n_embd']} L={c['n_layer']} T={c['block_size']} "

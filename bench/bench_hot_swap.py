@@ -156,13 +156,11 @@ def main():
               "summary": summary, "raw": raw}
     path = bl.write_json("hot_swap.json", report, args.out)
 
-    print()
-    print(bl.machine_line(machine) + (" (quick)" if args.quick else ""))
+    bl.print_machine(machine, args.quick)
     print(f"\n(1) read path, ns per iteration (median; cpu = thread CPU time, wall in brackets); "
           f"'over call' subtracts direct_call")
     header = "variant".ljust(22) + "".join(f"{f'{t} thr cpu':>12s}{'(wall)':>9s}{'over call':>11s}" for t in threads)
-    print(header)
-    print("-" * len(header))
+    bl.print_header(header)
     for v in VARIANTS:
         line = v.ljust(22)
         for t in threads:

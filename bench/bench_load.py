@@ -115,12 +115,10 @@ def main():
               "results": results, "summary": summary}
     path = bl.write_json("load.json", report, args.out)
 
-    print()
-    print(bl.machine_line(machine) + (" (quick)" if args.quick else ""))
+    bl.print_machine(machine, args.quick)
     header = (f"{'plugin':20s} {'ops':>5s} {'first load':>11s} {'load ms':>8s} {'p10..p90':>13s} "
               f"{'(loader)':>9s} {'unload ms':>10s} {'inspect ms':>11s} {'p10..p90':>13s}")
-    print(header)
-    print("-" * len(header))
+    bl.print_header(header)
     for label, r in results.items():
         ls, us, ins = r["load_ns_stats"], r["unload_ns_stats"], r["inspect_ns_stats"]
         print(f"{label:20s} {r['ops']:>5d} {r['first_load_ns'] / 1e6:>11.1f} {ls['median'] / 1e6:>8.2f} "

@@ -254,12 +254,10 @@ def main():
               "python": py, "cpp": cpp, "cpp_ratios": cpp_ratios, "summary": summary}
     path = bl.write_json("plugin_call.json", report, args.out)
 
-    print()
-    print(bl.machine_line(machine) + (" (quick)" if args.quick else ""))
+    bl.print_machine(machine, args.quick)
     header = (f"{'from Python: torch.add':24s} {'median us':>10s} {'p10 us':>8s} {'p90 us':>8s} "
               f"{'rounds min..max us':>19s} {'/ plugin':>9s}")
-    print(header)
-    print("-" * len(header))
+    bl.print_header(header)
     for v in VARIANTS:
         s, rm = py[v]["stats_ns"], py[v]["round_medians_ns"]
         print(f"{v:24s} {s['median'] / 1e3:>10.2f} {s['p10'] / 1e3:>8.2f} {s['p90'] / 1e3:>8.2f} "
@@ -267,8 +265,7 @@ def main():
     if cpp:
         print()
         header = f"{'from C++ (no Python)':24s} {'median ns':>10s} {'p10 ns':>8s} {'p90 ns':>8s}"
-        print(header)
-        print("-" * len(header))
+        bl.print_header(header)
         names = {"plugin": "at::add, plugin", "native": "at::add, native kernel",
                  "cpu": "at::add, CPU", "kernel": "plugin kernel direct",
                  "loop": "float loop alone"}
