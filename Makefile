@@ -78,13 +78,15 @@ SAN_RUN := PY=$(PY) CTEST_JOBS=$(SAN_JOBS) tests/sanitizers/run.sh
 # pytest under ASan+UBSan: everything (OpInfo included).
 SAN_ASAN_PYTEST ?=
 # pytest under TSan: the tests that run threads (plugin threads, hot swap,
-# the watcher), load/unload/swap/override/validate plugins, change the
-# fallback and move data zero-copy; OpInfo and the pure op, dtype, view and
-# factory tests run no thread or loader path that these do not.
+# the watcher), load/unload/swap/override/validate plugins (the bad-plugin
+# corpus, kernel faults and trust checks included), change the fallback and
+# move data zero-copy; OpInfo and the pure op, dtype, view and factory tests
+# run no thread or loader path that these do not.
 SAN_TSAN_PYTEST ?= tests/python/test_plugin_threads.py tests/python/test_hot_swap.py \
   tests/python/test_watch.py tests/python/test_overrides.py tests/python/test_validation.py \
   tests/python/test_plugin_lifecycle.py \
-  tests/python/test_plugin_decline.py tests/python/test_plugin_errors.py \
+  tests/python/test_plugin_decline.py tests/python/test_plugin_errors.py tests/python/test_kernel_faults.py \
+  tests/python/test_trust.py tests/python/test_snapshot_cleanup.py \
   tests/python/test_plugin_custom_op.py tests/python/test_plugin_listing.py \
   tests/python/test_plugin_reference_ops.py tests/python/test_fallback_policy.py \
   tests/python/test_zero_copy.py tests/python/test_memory.py tests/python/test_generator.py \
