@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "device/generator.h"
 #include "device/host_alias.h"
+#include "dispatch/op_table.h"
 
 namespace maxdev::dispatch {
 namespace {
@@ -194,7 +195,7 @@ void set_fallback_impl(FallbackImpl impl) { registry().impl = impl; }
 
 void note_fallback(const c10::OperatorHandle& op) {
   OpEntry& e = registry().entry(op);
-  e.count.fetch_add(1, std::memory_order_relaxed);
+  if (!staged_on_this_thread()) e.count.fetch_add(1, std::memory_order_relaxed);
   int8_t own = e.policy.load(std::memory_order_relaxed);
   if (own == kNoOverride && e.base != nullptr) own = e.base->policy.load(std::memory_order_relaxed);
   const auto policy = own == kNoOverride ? registry().global.load(std::memory_order_relaxed)

@@ -1,6 +1,7 @@
 #include "dispatch/epoch.h"
 
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -35,6 +36,20 @@ struct RecordReleaser {
   }
 };
 thread_local RecordReleaser releaser;
+
+// A forked child has only the thread that forked: every other thread's
+// record (one may have been inside a kernel call) would make the child's
+// first synchronize() wait forever. The child starts with them free.
+void forget_other_threads() {
+  new (&records_mutex) std::mutex;  // whoever held it does not exist here
+  for (auto& r : records) {
+    if (&r == tls_record) continue;
+    r.epoch.store(0, std::memory_order_relaxed);
+    r.depth = 0;
+    r.in_use.store(false, std::memory_order_relaxed);
+  }
+}
+[[maybe_unused]] const int fork_handler = ::pthread_atfork(nullptr, nullptr, &forget_other_threads);
 
 }  // namespace
 

@@ -140,13 +140,6 @@ bool all_tensors(c10::ArrayRef<c10::IValue> args, Fn&& ok) {
   return true;
 }
 
-// "Float[4, 5]", for kernel-check messages.
-std::string describe(const at::Tensor& t) {
-  std::string out = std::string(c10::toString(t.scalar_type())) + "[";
-  for (size_t d = 0; d < t.sizes().size(); ++d) out += (d ? ", " : "") + std::to_string(t.sizes()[d]);
-  return out + "]";
-}
-
 // Hashes of the tensor arguments a kernel may only read, taken before the
 // call and compared after it. Arguments that share storage with a written
 // argument (e.g. neg.out(x, out=x)) may change legitimately and are left out.
@@ -205,34 +198,6 @@ class ReadOnlyDigests {
 
   std::vector<Digest> digests_;
 };
-
-c10::IValue to_meta(const c10::IValue& v) {
-  auto meta = [](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined()) return t;
-    return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type());
-  };
-  if (v.isTensor()) return meta(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorList()) list.push_back(meta(t));
-    return list;
-  }
-  return v;
-}
-
-// The returns PyTorch's meta kernel of the op gives for these arguments
-// (shapes and dtypes, no data); nullopt when the op has no meta kernel.
-std::optional<torch::jit::Stack> meta_returns(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) {
-  torch::jit::Stack stack;
-  for (const auto& v : args) stack.push_back(to_meta(v));
-  try {
-    slot.op.callBoxed(&stack);
-  } catch (const std::exception& e) {
-    log::debug("kernel checks: no meta kernel result for " + slot.name + ": " + e.what());
-    return std::nullopt;
-  }
-  return stack;
-}
 
 // With kernel checks on: the read-only arguments are unchanged and the
 // allocated outputs have the shapes and dtypes of the op's meta kernel.
@@ -311,7 +276,7 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
   const OpSignature& sig = slot.sig;
   const auto args = torch::jit::last(*stack, sig.args.size());
   if (!accepts(slot, args)) {
-    declines.fetch_add(1, std::memory_order_relaxed);
+    count_decline();
     return false;
   }
   CallFrame frame(sig, args);
@@ -342,21 +307,21 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
     InFlight in_flight(*owner_);
     status = fn_(&call);
   } catch (const std::exception& e) {
-    calls.fetch_add(1, std::memory_order_relaxed);
+    count_call();
     throw_kernel_error(*owner_, slot.name,
                        std::string("threw a C++ exception across the C ABI (wrap C++ kernels in "
                                    "MAXDEV_SDK_KERNEL): ") + e.what());
   } catch (...) {
-    calls.fetch_add(1, std::memory_order_relaxed);
+    count_call();
     throw_kernel_error(*owner_, slot.name,
                        "threw a non-standard C++ exception across the C ABI (wrap C++ kernels in MAXDEV_SDK_KERNEL)");
   }
 
   if (status == MAXDEV_DECLINED) {
-    declines.fetch_add(1, std::memory_order_relaxed);
+    count_decline();
     return false;
   }
-  calls.fetch_add(1, std::memory_order_relaxed);
+  count_call();
   if (status != MAXDEV_OK) {
     throw_kernel_error(*owner_, slot.name,
                        status == MAXDEV_ERROR ? (ctx.error.empty() ? "failed without a message" : ctx.error)
@@ -379,15 +344,44 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
   return true;
 }
 
+void throw_kernel_error(const KernelOwner& owner, const std::string& op, const std::string& message) {
+  throw_call_error("kernel", owner.plugin, op, owner.file, message);
+}
+
+std::string describe(const at::Tensor& t) {
+  std::string out = std::string(c10::toString(t.scalar_type())) + "[";
+  for (size_t d = 0; d < t.sizes().size(); ++d) out += (d ? ", " : "") + std::to_string(t.sizes()[d]);
+  return out + "]";
+}
+
 namespace {
-std::atomic<KernelErrorHook> kernel_error_hook{nullptr};
+c10::IValue to_meta(const c10::IValue& v) {
+  auto meta = [](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
+    return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type());
+  };
+  if (v.isTensor()) return meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorList()) list.push_back(meta(t));
+    return list;
+  }
+  return v;
+}
+
 }  // namespace
 
-void set_kernel_error_hook(KernelErrorHook hook) { kernel_error_hook = hook; }
-
-void throw_kernel_error(const KernelOwner& owner, const std::string& op, const std::string& message) {
-  if (auto hook = kernel_error_hook.load()) hook(owner.plugin, op, owner.file, message);
-  TORCH_CHECK(false, "plugin '", owner.plugin, "', op ", op, " (", owner.file, "): ", message);
+std::optional<torch::jit::Stack> meta_returns(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) {
+  torch::jit::Stack stack;
+  for (const auto& v : args) stack.push_back(to_meta(v));
+  try {
+    slot.op.callBoxed(&stack);
+  } catch (const std::exception& e) {
+    log::debug("kernel checks: no meta kernel result for " + slot.name + ": " + e.what());
+    return std::nullopt;
+  }
+  return stack;
 }
+
 
 }  // namespace maxdev::dispatch

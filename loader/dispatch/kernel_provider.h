@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dispatch/op_table.h"
@@ -47,13 +48,15 @@ class KernelProvider final : public Provider {
 void set_kernel_checks(bool enabled);
 bool kernel_checks();
 
-// Raises the error of a failed kernel call. Without a hook it throws a
-// c10::Error; the Python module installs a hook that raises
-// max_device.KernelError through PyTorch's op bindings.
+// Raises the error of a failed kernel call (throw_call_error, "kernel").
 [[noreturn]] void throw_kernel_error(const KernelOwner& owner, const std::string& op,
                                      const std::string& message);
-using KernelErrorHook = void (*)(const std::string& plugin, const std::string& op,
-                                 const std::string& file, const std::string& message);
-void set_kernel_error_hook(KernelErrorHook hook);
+
+// The returns PyTorch's meta kernel of the op gives for these arguments
+// (shapes and dtypes, no data); nullopt when the op has no meta kernel.
+std::optional<torch::jit::Stack> meta_returns(const OpSlot& slot, c10::ArrayRef<c10::IValue> args);
+
+// "Float[4, 5]", for contract messages.
+std::string describe(const at::Tensor& t);
 
 }  // namespace maxdev::dispatch

@@ -36,6 +36,14 @@ class Trampoline final : public c10::OperatorKernel {
         if ((*it)->run(*slot, stack)) return;
       }
     }
+    if (!slot->has_cpu_kernel) {
+      const auto [plugin, file] = slot->unserved();
+      if (!plugin.empty()) {
+        throw_call_error("unserved", plugin, slot->name, file,
+                         "the plugin that served this op was unloaded, and nothing else serves it; load a "
+                         "plugin that serves it (the op's schema stays defined for the life of the process)");
+      }
+    }
     TORCH_CHECK_NOT_IMPLEMENTED(slot->has_cpu_kernel, "max_device: no provider of ", slot->name,
                                 " accepted these arguments and it has no CPU kernel to fall back to "
                                 "(see max_device.list_ops() for its providers and their declines)");
@@ -58,6 +66,31 @@ std::pair<std::string, std::string> split_name(const std::string& op) {
 OpSlot::OpSlot(size_t index, std::string name, c10::OperatorHandle op, OpSignature sig)
     : index(index), name(std::move(name)), op(std::move(op)), sig(std::move(sig)) {}
 OpSlot::~OpSlot() = default;
+
+void OpSlot::set_unserved(std::string plugin, std::string file) {
+  std::lock_guard lock(unserved_mutex_);
+  unserved_plugin_ = std::move(plugin);
+  unserved_file_ = std::move(file);
+}
+
+std::pair<std::string, std::string> OpSlot::unserved() const {
+  std::lock_guard lock(unserved_mutex_);
+  return {unserved_plugin_, unserved_file_};
+}
+
+bool staged_on_this_thread() { return OpTable::staged_table != nullptr; }
+
+namespace {
+std::atomic<CallErrorHook> call_error_hook{nullptr};
+}  // namespace
+
+void set_call_error_hook(CallErrorHook hook) { call_error_hook = hook; }
+
+void throw_call_error(const char* kind, const std::string& plugin, const std::string& op, const std::string& file,
+                      const std::string& message) {
+  if (auto hook = call_error_hook.load()) hook(kind, plugin, op, file, message);
+  TORCH_CHECK(false, "plugin '", plugin, "', op ", op, " (", file, "): ", message);
+}
 
 bool is_native_device_op(const std::string& op) {
   return std::find_if(std::begin(kNativeOps), std::end(kNativeOps),
@@ -91,7 +124,7 @@ OpTable::Checked OpTable::validate(const std::string& op) const {
 void OpTable::check(const std::string& op) const {
   std::lock_guard lock(slots_mutex_);
   for (const auto& s : slots_) {
-    if (!s->retired && s->name == op) return;
+    if (s->name == op) return;
   }
   validate(op);
 }
@@ -99,7 +132,7 @@ void OpTable::check(const std::string& op) const {
 OpSlot& OpTable::slot(const std::string& op) {
   std::lock_guard lock(slots_mutex_);
   for (auto& s : slots_) {
-    if (!s->retired && s->name == op) return *s;
+    if (s->name == op) return *s;
   }
   Checked checked = validate(op);
   auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
@@ -115,16 +148,6 @@ OpSlot& OpTable::slot(const std::string& op) {
   log::debug("trampoline registered for " + op);
   slots_.push_back(std::move(slot));
   return *slots_.back();
-}
-
-void OpTable::retire(const std::string& op) {
-  std::lock_guard lock(slots_mutex_);
-  for (auto& s : slots_) {
-    if (s->retired || s->name != op) continue;
-    s->registration.reset();
-    s->retired = true;  // a redefinition gets a new slot
-    log::debug("trampoline removed for " + op);
-  }
 }
 
 std::unique_ptr<DispatchTable> OpTable::copy_current() const {
@@ -145,9 +168,7 @@ void OpTable::publish(std::unique_ptr<DispatchTable> table) {
 std::vector<const OpSlot*> OpTable::slots() const {
   std::lock_guard lock(slots_mutex_);
   std::vector<const OpSlot*> out;
-  for (const auto& s : slots_) {
-    if (!s->retired) out.push_back(s.get());
-  }
+  for (const auto& s : slots_) out.push_back(s.get());
   return out;
 }
 

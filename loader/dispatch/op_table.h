@@ -15,7 +15,9 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch/op_signature.h"
@@ -27,6 +29,10 @@ class Library;
 namespace maxdev::dispatch {
 
 struct OpSlot;
+
+// Whether calls on this thread run against a staged (not yet published)
+// table: validation runs, which must not count as the live version's calls.
+bool staged_on_this_thread();
 
 class Provider {
  public:
@@ -40,8 +46,16 @@ class Provider {
   const std::string& owner() const { return owner_; }  // "reference@1.0.0"
   const std::string& kind() const { return kind_; }    // "plugin", "override"
 
+  // Calls this provider ran and declined while it was live (validation
+  // runs of a staged table are not counted).
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> declines{0};
+  void count_call() {
+    if (!staged_on_this_thread()) calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  void count_decline() {
+    if (!staged_on_this_thread()) declines.fetch_add(1, std::memory_order_relaxed);
+  }
 
  private:
   std::string owner_;
@@ -60,9 +74,19 @@ struct OpSlot {
   std::string name;  // "aten::add.out"
   c10::OperatorHandle op;
   OpSignature sig;
-  std::unique_ptr<torch::Library> registration;  // the trampoline
+  std::unique_ptr<torch::Library> registration;  // the trampoline, for the life of the process
   bool has_cpu_kernel = true;  // else a call every provider declines has nowhere to go
-  bool retired = false;  // its op's schema went away; never found again (writers only)
+
+  // A plugin-defined op outlives its plugins (PyTorch cannot safely drop a
+  // schema that Python may hold): once the last plugin serving it is
+  // unloaded, calls raise an error naming that plugin. Written by the
+  // registry, read only on that error path.
+  void set_unserved(std::string plugin, std::string file);
+  std::pair<std::string, std::string> unserved() const;  // (plugin, file); empty if served
+
+ private:
+  mutable std::mutex unserved_mutex_;
+  std::string unserved_plugin_, unserved_file_;
 };
 
 struct DispatchTable {
@@ -80,10 +104,6 @@ class OpTable {
 
   // The same checks as slot(), without registering anything.
   void check(const std::string& op) const;
-
-  // Deregisters the trampoline of a plugin-defined op whose schema is
-  // going away; the slot stays (its index is never reused) but is dead.
-  void retire(const std::string& op);
 
   // Makes `table` current (one atomic store), waits until no call can see
   // the previous table, then frees it. Callers serialize writes.
@@ -116,6 +136,7 @@ class OpTable {
   };
 
  private:
+  friend bool staged_on_this_thread();
   OpTable();
   struct Checked {
     c10::OperatorHandle handle;
@@ -132,5 +153,15 @@ class OpTable {
 
 // Ops max_device serves itself; plugins cannot replace them.
 bool is_native_device_op(const std::string& op);
+
+// Raises a typed error from inside a call. `kind` is "kernel" (a plugin
+// kernel failed) or "unserved" (a plugin-defined op whose plugins were all
+// unloaded). Without a hook it throws a c10::Error; the Python module
+// installs one that raises max_device.KernelError / PluginStateError.
+using CallErrorHook = void (*)(const char* kind, const std::string& plugin, const std::string& op,
+                               const std::string& file, const std::string& message);
+void set_call_error_hook(CallErrorHook hook);
+[[noreturn]] void throw_call_error(const char* kind, const std::string& plugin, const std::string& op,
+                                   const std::string& file, const std::string& message);
 
 }  // namespace maxdev::dispatch

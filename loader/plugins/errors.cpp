@@ -12,6 +12,8 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::state: return "state";
     case ErrorKind::untrusted: return "untrusted";
     case ErrorKind::hash_mismatch: return "hash_mismatch";
+    case ErrorKind::busy: return "busy";
+    case ErrorKind::snapshot: return "snapshot";
   }
   return "unknown";
 }

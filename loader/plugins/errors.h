@@ -9,7 +9,7 @@
 namespace maxdev::plugins {
 
 enum class ErrorKind {
-  not_found,     // no such file, or not a regular file
+  not_found,     // no such file, or not a regular file (a FIFO, a device, a directory)
   bad_image,     // not a loadable shared library for this machine
   abi_mismatch,  // ABI version the host does not accept
   manifest,      // manifest missing, corrupt or contradicting the entry point
@@ -17,6 +17,8 @@ enum class ErrorKind {
   state,         // wrong lifecycle request (unknown plugin, name taken, ...)
   untrusted,     // another user could have written the file or its directory
   hash_mismatch, // the content is not the SHA-256 the caller pinned
+  busy,          // the file is still being written (a linker, a copy)
+  snapshot,      // the private snapshot directory cannot be used
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -64,16 +64,25 @@ struct ElfFacts {
   std::vector<std::string> exported;  // defined, default-visibility dynamic symbols
 };
 
-// The whole file: libelf's ELF_C_READ reads all of it as well.
+// The whole file (libelf's ELF_C_READ reads all of it as well), once its
+// first bytes show an ELF header: a huge file of something else is refused
+// without being read.
 std::vector<char> read_file(const std::string& path, const ErrorContext& ctx) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) ctx.fail(ErrorKind::not_found, std::string("cannot open: ") + std::strerror(errno));
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
   } closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) ctx.fail(ErrorKind::not_found, "not a regular file");
+  if (::fstat(fd, &st) != 0) ctx.fail(ErrorKind::not_found, std::string("cannot stat: ") + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) ctx.fail(ErrorKind::not_found, "is a directory, not a plugin file");
+  if (!S_ISREG(st.st_mode)) ctx.fail(ErrorKind::not_found, "is not a regular file");
+  char magic[SELFMAG] = {};
+  if (::pread(fd, magic, SELFMAG, 0) != SELFMAG || std::memcmp(magic, ELFMAG, SELFMAG) != 0) {
+    ctx.fail(ErrorKind::bad_image, "not an ELF file");
+  }
   std::vector<char> bytes(static_cast<size_t>(st.st_size));
   size_t done = 0;
   while (done < bytes.size()) {

@@ -1,5 +1,6 @@
 #include "plugins/registry.h"
 
+#include <pthread.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -54,10 +55,10 @@ std::set<std::string> foreign_namespaces(const std::set<std::string>& ours) {
 // True on the thread that is making a change (holding the registry's mutex).
 thread_local bool change_on_this_thread = false;
 
-// Holds the registry's mutex for one change (load, reload, rollback, unload,
+// Holds the change mutex for one change (load, reload, rollback, unload,
 // overrides). Checks run inside a change and may call back (validate=True
-// runs Python that lists plugins or ops): a nested change is refused with a
-// clear error instead of deadlocking on the mutex.
+// runs Python): a nested change is refused with a clear error instead of
+// deadlocking on the mutex.
 class ChangeLock {
  public:
   explicit ChangeLock(std::mutex& mutex) {
@@ -77,12 +78,6 @@ class ChangeLock {
   std::unique_lock<std::mutex> lock_;
 };
 
-// For listings: inside a change on this thread the mutex is already held
-// and nothing else can change, so the listing reads without it.
-std::unique_lock<std::mutex> lock_for_listing(std::mutex& mutex) {
-  return change_on_this_thread ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(mutex);
-}
-
 }  // namespace
 
 // One opened build of a plugin and the providers made from it.
@@ -95,10 +90,12 @@ struct PluginRegistry::Version {
 };
 
 struct PluginRegistry::Plugin {
+  uint64_t id = 0;
   std::string name;
   std::shared_ptr<Version> current;
   std::deque<std::shared_ptr<Version>> previous;  // oldest first
   int64_t next_generation = 1;
+  std::map<std::string, Counts> history;  // per op: counts of versions no longer serving
 };
 
 struct PluginRegistry::Override {
@@ -107,18 +104,24 @@ struct PluginRegistry::Override {
   std::shared_ptr<dispatch::Provider> provider;
 };
 
-// An op a plugin defined: its schema lives as long as some plugin serves it.
+// An op a plugin defined. Once published its schema stays for the life of
+// the process: PyTorch's dispatcher cannot drop a schema while Python holds
+// the op or another thread is calling it. Only a refused change's own
+// definitions (never published) are removed again.
 struct PluginRegistry::CustomOp {
   std::string name;    // "myplug::rms_norm"
   std::string schema;  // as the plugin wrote it
   std::unique_ptr<torch::Library> definition;
-  std::set<std::string> users;  // plugins serving it
+  bool published = false;
+  std::set<std::string> users;  // plugins with a mapped version serving it
+  std::string last_plugin, last_file;  // who served it last, for the unserved error
 };
 
 // A version checked and opened but not yet visible.
 struct PluginRegistry::Prepared {
   std::shared_ptr<Version> version;
   std::vector<const KernelManifest*> to_define;
+  std::vector<std::string> defined_before;  // ops it defines whose definition this process kept
   Manifest manifest;
   std::chrono::steady_clock::time_point started;
 };
@@ -128,7 +131,46 @@ PluginRegistry& PluginRegistry::instance() {
   return registry;
 }
 
-PluginRegistry::PluginRegistry() = default;
+namespace {
+bool fork_took_change_lock = false;  // only the forking thread runs the fork handlers
+}  // namespace
+
+// fork() copies only the forking thread. A lock another thread holds would
+// stay held in the child forever, so the lists' lock is taken around the
+// fork (its holders never wait for anything), and the change lock is taken
+// if free; a change running on another thread (it may wait for the GIL this
+// thread holds, so fork cannot wait for it) is simply absent in the child.
+void PluginRegistry::before_fork() {
+  auto& r = instance();
+  fork_took_change_lock = !change_on_this_thread && r.change_mutex_.try_lock();
+  r.state_mutex_.lock();
+}
+
+void PluginRegistry::after_fork_in_parent() {
+  auto& r = instance();
+  r.state_mutex_.unlock();
+  if (fork_took_change_lock) r.change_mutex_.unlock();
+}
+
+void PluginRegistry::after_fork_in_child() {
+  auto& r = instance();
+  r.state_mutex_.unlock();
+  if (fork_took_change_lock) {
+    r.change_mutex_.unlock();
+  } else if (!change_on_this_thread) {
+    new (&r.change_mutex_) std::mutex;  // held by a thread the child does not have
+  }
+}
+
+void PluginRegistry::abandon_change_after_fork() {
+  if (!change_on_this_thread) return;
+  change_on_this_thread = false;
+  change_mutex_.unlock();
+}
+
+PluginRegistry::PluginRegistry() {
+  ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
+}
 PluginRegistry::~PluginRegistry() = default;
 
 Manifest PluginRegistry::inspect(const std::string& path) {
@@ -136,11 +178,36 @@ Manifest PluginRegistry::inspect(const std::string& path) {
   return read_manifest(path, ctx);
 }
 
-PluginRegistry::Plugin& PluginRegistry::find(const std::string& name) {
+namespace {
+// Opening runs the plugin's constructors (the first plugin code to run),
+// then its entry point, negotiation and init.
+std::shared_ptr<PluginLibrary> open_library(const std::string& path, const Manifest& manifest,
+                                            const std::string& name, const ErrorContext& ctx) {
+  auto library = std::make_shared<PluginLibrary>(path, manifest, ctx);
+  maxdev_host_context init_ctx;
+  init_ctx.plugin = &name;
+  library->init(dispatch::host_api(), &init_ctx, ctx);
+  return library;
+}
+}  // namespace
+
+void PluginRegistry::trial_open(const std::string& path, const std::string& name) {
+  const ErrorContext ctx{path, name};
+  open_library(path, read_manifest(path, ctx), name, ctx)->close();
+}
+
+PluginRegistry::Plugin& PluginRegistry::find(const std::string& name, std::optional<uint64_t> id) {
   for (auto& p : plugins_) {
-    if (p->name == name) return *p;
+    if (p->name != name) continue;
+    if (id && *id != p->id) {
+      throw PluginError(ErrorKind::state, p->current->info.path, name, "",
+                        "this handle names a load of the plugin that was unloaded; the plugin loaded under "
+                        "this name now is a later load (get a handle for it with get_plugin())");
+    }
+    return *p;
   }
-  throw PluginError(ErrorKind::state, "", name, "", "no plugin of this name is loaded");
+  throw PluginError(ErrorKind::state, "", name, "",
+                    id ? "this handle's plugin was unloaded" : "no plugin of this name is loaded");
 }
 
 PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const std::string& requested_name,
@@ -212,13 +279,19 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
       ctx.fail(ErrorKind::schema, "the schema names another op (" + qualified(parsed.operator_name()) + ")", k.op);
     }
     auto existing = c10::Dispatcher::singleton().findSchema(parsed.operator_name());
+    const bool ours = std::any_of(custom_ops_.begin(), custom_ops_.end(), [&](const auto& c) { return c->name == k.op; });
+    if (existing && ours && c10::toString(existing->schema()) == c10::toString(parsed)) {
+      prepared.defined_before.push_back(k.op);  // this process already holds its definition
+    }
     if (existing) {
       if (c10::toString(existing->schema()) != c10::toString(parsed)) {
         auto ours = std::find_if(custom_ops_.begin(), custom_ops_.end(),
                                  [&](const auto& c) { return c->name == k.op; });
         std::string hint;
         if (ours != custom_ops_.end()) {
-          hint = " (defined by plugin '" + *(*ours)->users.begin() + "'; unload it first to change the schema)";
+          hint = " (defined by plugin '" + (*ours)->last_plugin +
+                 "' in this process; a plugin-defined op keeps its schema for the life of the process, as Python may "
+                 "hold it: give the changed op another name or overload, or restart the process)";
         }
         ctx.fail(ErrorKind::schema,
                  "schema '" + k.schema + "' contradicts the registered schema '" +
@@ -246,11 +319,7 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
   }
 
   if (checks.before_open) checks.before_open(version->snapshot.path);
-  // Opening runs the plugin's constructors: the first plugin code to run.
-  version->library = std::make_shared<PluginLibrary>(version->snapshot.path, manifest, ctx);
-  maxdev_host_context init_ctx;
-  init_ctx.plugin = &name;
-  version->library->init(dispatch::host_api(), &init_ctx, ctx);
+  version->library = open_library(version->snapshot.path, manifest, name, ctx);
 
   PluginInfo& info = version->info;
   info.name = name;
@@ -279,9 +348,11 @@ std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepare
     custom->definition =
         std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
     custom->definition->def(k->schema.c_str());
+    std::lock_guard state(state_mutex_);
     custom_ops_.push_back(std::move(custom));
     v.info.defines.push_back(k->op);
   }
+  v.info.defines.insert(v.info.defines.end(), prepared.defined_before.begin(), prepared.defined_before.end());
   auto owner = std::make_shared<dispatch::KernelOwner>();
   owner->plugin = v.info.name;
   owner->owner = v.info.name + "@" + v.info.version;
@@ -295,9 +366,6 @@ std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepare
     OpTable::instance().slot(kernel.op);  // registers the trampoline on first use
     v.providers.emplace_back(kernel.op, std::make_shared<dispatch::KernelProvider>(owner, kernel));
     v.info.ops.push_back(kernel.op);
-    for (auto& c : custom_ops_) {
-      if (c->name == kernel.op) c->users.insert(v.info.name);
-    }
   }
   return prepared.version;
 }
@@ -342,23 +410,58 @@ void PluginRegistry::vet(const Checks& checks, const std::shared_ptr<Version>& v
   } catch (...) {
     log::error("plugin '" + version->info.name + "' " + version->info.version +
                " failed its checks before publish; nothing changed");
-    release_custom_ops(version->info.name, new_plugin ? std::vector<std::string>{} : version->info.defines);
+    discard_unpublished_ops();
     close_versions({version}, nullptr);
     throw;
   }
 }
 
-// Forgets `plugin` as a user of the custom ops in `only` (all, if empty)
-// and removes the ops nobody serves any more.
-void PluginRegistry::release_custom_ops(const std::string& plugin, const std::vector<std::string>& only) {
-  for (auto c = custom_ops_.begin(); c != custom_ops_.end();) {
-    if (only.empty() || std::find(only.begin(), only.end(), (*c)->name) != only.end()) (*c)->users.erase(plugin);
-    if ((*c)->users.empty()) {
-      OpTable::instance().retire((*c)->name);
-      c = custom_ops_.erase(c);  // destroys the definition
-    } else {
-      ++c;
+void PluginRegistry::discard_unpublished_ops() {
+  std::vector<std::unique_ptr<CustomOp>> discarded;
+  {
+    std::lock_guard state(state_mutex_);
+    for (auto c = custom_ops_.begin(); c != custom_ops_.end();) {
+      if ((*c)->published) {
+        ++c;
+        continue;
+      }
+      discarded.push_back(std::move(*c));
+      c = custom_ops_.erase(c);
     }
+  }
+  discarded.clear();  // destroys the definitions, outside the state lock
+}
+
+void PluginRegistry::update_custom_op_users() {
+  std::lock_guard state(state_mutex_);
+  for (auto& c : custom_ops_) {
+    c->published = true;
+    c->users.clear();
+    for (const auto& p : plugins_) {
+      auto serves = [&](const std::shared_ptr<Version>& v) {
+        return std::find(v->info.ops.begin(), v->info.ops.end(), c->name) != v->info.ops.end();
+      };
+      if (serves(p->current) || std::any_of(p->previous.begin(), p->previous.end(), serves)) {
+        c->users.insert(p->name);
+        c->last_plugin = p->name;
+        c->last_file = p->current->info.path;
+      }
+    }
+    auto& slot = OpTable::instance().slot(c->name);
+    if (c->users.empty()) {
+      slot.set_unserved(c->last_plugin, c->last_file);
+    } else {
+      slot.set_unserved("", "");
+    }
+  }
+}
+
+void PluginRegistry::fold_counts(Plugin& plugin, const Version& version) {
+  std::lock_guard state(state_mutex_);
+  for (const auto& [op, provider] : version.providers) {
+    Counts& h = plugin.history[op];
+    h.calls += provider->calls.exchange(0, std::memory_order_relaxed);
+    h.declines += provider->declines.exchange(0, std::memory_order_relaxed);
   }
 }
 
@@ -379,28 +482,33 @@ void PluginRegistry::close_versions(std::vector<std::shared_ptr<Version>> versio
 
 PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std::string>& name,
                                 const Checks& checks, const LoadOptions& options) {
-  ChangeLock lock(mutex_);
+  ChangeLock lock(change_mutex_);
   Prepared prepared = prepare(path, name.value_or(""), /*new_plugin=*/true, options, checks);
   const auto started = prepared.started;
   auto plugin = std::make_unique<Plugin>();
   plugin->name = prepared.version->info.name;
   plugin->current = commit(std::move(prepared));
   vet(checks, plugin->current, /*new_plugin=*/true);
-  plugin->current->info.generation = plugin->next_generation++;
-  plugins_.push_back(std::move(plugin));
-  publish();
-  PluginInfo& info = plugins_.back()->current->info;
+  PluginInfo& info = plugin->current->info;
+  info.id = plugin->id = next_plugin_id_++;
+  info.generation = plugin->next_generation++;
   info.loaded_at_ns = now_ns();
   info.load_duration_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
+  {
+    std::lock_guard state(state_mutex_);
+    plugins_.push_back(std::move(plugin));
+  }
+  publish();
+  update_custom_op_users();
   log::info("loaded plugin '" + info.name + "' " + info.version + " from " + path + " (" +
             std::to_string(info.ops.size()) + " ops, sha256 " + info.sha256.substr(0, 12) + ")");
   return info;
 }
 
 PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& options, const Checks& checks) {
-  ChangeLock lock(mutex_);
-  Plugin& plugin = find(name);
+  ChangeLock lock(change_mutex_);
+  Plugin& plugin = find(name, options.id);
   const PluginInfo& current = plugin.current->info;
   const std::string path = options.path.value_or(current.path);
   LoadOptions file;
@@ -423,54 +531,74 @@ PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& 
   const auto started = prepared.started;
   std::shared_ptr<Version> fresh = commit(std::move(prepared));
   vet(checks, fresh, /*new_plugin=*/false);
-  fresh->info.generation = plugin.next_generation++;
-  plugin.previous.push_back(plugin.current);
-  plugin.current = fresh;
-  publish();
-  std::vector<std::shared_ptr<Version>> released;
-  while (plugin.previous.size() > kKeptVersions) {
-    released.push_back(plugin.previous.front());
-    plugin.previous.pop_front();
-  }
-  close_versions(std::move(released), nullptr);
   PluginInfo& info = fresh->info;
+  info.id = plugin.id;
+  info.generation = plugin.next_generation++;
   info.loaded_at_ns = now_ns();
   info.load_duration_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
-  info.previous_versions = static_cast<int64_t>(plugin.previous.size());
+  std::shared_ptr<Version> replaced = plugin.current;
+  std::vector<std::shared_ptr<Version>> released;
+  {
+    std::lock_guard state(state_mutex_);
+    plugin.previous.push_back(replaced);
+    plugin.current = fresh;
+    while (plugin.previous.size() > kKeptVersions) {
+      released.push_back(plugin.previous.front());
+      plugin.previous.pop_front();
+    }
+    info.previous_versions = static_cast<int64_t>(plugin.previous.size());
+  }
+  fold_counts(plugin, *replaced);
+  update_custom_op_users();
+  publish();
+  fold_counts(plugin, *replaced);  // calls that were still running on it
+  update_custom_op_users();
+  close_versions(std::move(released), nullptr);
   log::info("reloaded plugin '" + name + "': " + plugin.previous.back()->info.version + " -> " + info.version +
             " (generation " + std::to_string(info.generation) + ", sha256 " + info.sha256.substr(0, 12) + ", " +
             std::to_string(info.load_duration_ns / 1000) + " us)");
   return info;
 }
 
-PluginInfo PluginRegistry::rollback(const std::string& name) {
-  ChangeLock lock(mutex_);
-  Plugin& plugin = find(name);
+PluginInfo PluginRegistry::rollback(const std::string& name, std::optional<uint64_t> id) {
+  ChangeLock lock(change_mutex_);
+  Plugin& plugin = find(name, id);
   if (plugin.previous.empty()) {
     throw PluginError(ErrorKind::state, plugin.current->info.path, name, "",
                       "no previous version is still mapped to roll back to");
   }
   std::shared_ptr<Version> undone = plugin.current;
-  plugin.current = plugin.previous.back();
-  plugin.previous.pop_back();
+  {
+    std::lock_guard state(state_mutex_);
+    plugin.current = plugin.previous.back();
+    plugin.previous.pop_back();
+    plugin.current->info.previous_versions = static_cast<int64_t>(plugin.previous.size());
+  }
+  fold_counts(plugin, *undone);
+  update_custom_op_users();
   publish();
+  fold_counts(plugin, *undone);
+  update_custom_op_users();
   close_versions({undone}, nullptr);  // a rolled-back version is not kept
-  plugin.current->info.previous_versions = static_cast<int64_t>(plugin.previous.size());
   log::info("rolled back plugin '" + name + "': " + undone->info.version + " (generation " +
             std::to_string(undone->info.generation) + ") -> " + plugin.current->info.version + " (generation " +
             std::to_string(plugin.current->info.generation) + ")");
   return plugin.current->info;
 }
 
-UnloadReport PluginRegistry::unload(const std::string& name) {
-  ChangeLock lock(mutex_);
-  Plugin& plugin = find(name);
-  auto it = std::find_if(plugins_.begin(), plugins_.end(), [&](const auto& p) { return p.get() == &plugin; });
-  std::unique_ptr<Plugin> removed = std::move(*it);
-  plugins_.erase(it);
+UnloadReport PluginRegistry::unload(const std::string& name, std::optional<uint64_t> id) {
+  ChangeLock lock(change_mutex_);
+  Plugin& plugin = find(name, id);
+  std::unique_ptr<Plugin> removed;
+  {
+    std::lock_guard state(state_mutex_);
+    auto it = std::find_if(plugins_.begin(), plugins_.end(), [&](const auto& p) { return p.get() == &plugin; });
+    removed = std::move(*it);
+    plugins_.erase(it);
+  }
+  update_custom_op_users();  // before publish: a call that no longer finds it names the plugin
   publish();  // returns once no call can reach the plugin
-  release_custom_ops(name, {});
   UnloadReport report{name, true};
   std::vector<std::shared_ptr<Version>> versions(removed->previous.begin(), removed->previous.end());
   versions.push_back(removed->current);
@@ -480,64 +608,113 @@ UnloadReport PluginRegistry::unload(const std::string& name) {
 }
 
 uint64_t PluginRegistry::push_override(const std::string& op, std::shared_ptr<dispatch::Provider> provider) {
-  ChangeLock lock(mutex_);
+  ChangeLock lock(change_mutex_);
   try {
     OpTable::instance().slot(op);
   } catch (const std::invalid_argument& e) {
     throw PluginError(ErrorKind::schema, "", "", op, std::string("cannot be overridden: ") + e.what());
   }
   const uint64_t token = next_token_++;
-  overrides_.push_back({token, op, std::move(provider)});
+  {
+    std::lock_guard state(state_mutex_);
+    overrides_.push_back({token, op, std::move(provider)});
+  }
   publish();
   return token;
 }
 
 bool PluginRegistry::remove_override(uint64_t token) {
-  ChangeLock lock(mutex_);
-  auto it = std::find_if(overrides_.begin(), overrides_.end(), [&](const auto& o) { return o.token == token; });
-  if (it == overrides_.end()) return false;
-  overrides_.erase(it);
+  ChangeLock lock(change_mutex_);
+  const auto removed = take_overrides([&](const Override& o) { return o.token == token; });
+  if (removed.empty()) return false;
   publish();
   return true;
 }
 
-size_t PluginRegistry::restore(const std::string& op) {
-  ChangeLock lock(mutex_);
-  const size_t before = overrides_.size();
-  overrides_.erase(std::remove_if(overrides_.begin(), overrides_.end(), [&](const auto& o) { return o.op == op; }),
-                   overrides_.end());
-  const size_t removed = before - overrides_.size();
-  if (removed > 0) publish();
-  return removed;
+std::vector<PluginRegistry::Override> PluginRegistry::take_overrides(
+    const std::function<bool(const Override&)>& drop) {
+  std::vector<Override> taken;
+  std::lock_guard state(state_mutex_);
+  for (auto it = overrides_.begin(); it != overrides_.end();) {
+    if (drop(*it)) {
+      taken.push_back(std::move(*it));
+      it = overrides_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return taken;
 }
 
+size_t PluginRegistry::restore(const std::string& op) {
+  ChangeLock lock(change_mutex_);
+  const auto removed = take_overrides([&](const Override& o) { return o.op == op; });
+  if (!removed.empty()) publish();
+  return removed.size();  // the providers go after the last call that could use them
+}
+
+size_t PluginRegistry::remove_all_overrides() {
+  ChangeLock lock(change_mutex_);
+  const auto removed = take_overrides([](const Override&) { return true; });
+  if (!removed.empty()) publish();
+  return removed.size();
+}
+
+namespace {
+PluginInfo listed(const PluginInfo& info, int64_t previous_versions, int64_t in_flight) {
+  PluginInfo out = info;
+  out.previous_versions = previous_versions;
+  out.calls_in_flight = in_flight;
+  return out;
+}
+}  // namespace
+
 std::vector<PluginInfo> PluginRegistry::plugins() const {
-  const auto lock = lock_for_listing(mutex_);
+  std::lock_guard state(state_mutex_);
   std::vector<PluginInfo> out;
   for (const auto& p : plugins_) {
-    out.push_back(p->current->info);
-    out.back().previous_versions = static_cast<int64_t>(p->previous.size());
-    out.back().calls_in_flight = p->current->owner->in_flight.load(std::memory_order_relaxed);
+    out.push_back(listed(p->current->info, static_cast<int64_t>(p->previous.size()),
+                         p->current->owner->in_flight.load(std::memory_order_relaxed)));
   }
   return out;
 }
 
+std::optional<PluginInfo> PluginRegistry::plugin(uint64_t id) const {
+  std::lock_guard state(state_mutex_);
+  for (const auto& p : plugins_) {
+    if (p->id == id) {
+      return listed(p->current->info, static_cast<int64_t>(p->previous.size()),
+                    p->current->owner->in_flight.load(std::memory_order_relaxed));
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<OpReport> PluginRegistry::ops() const {
-  const auto lock = lock_for_listing(mutex_);
-  std::vector<OpReport> out;
   std::map<std::string, int64_t> fallbacks;
   for (const auto& [op, n] : dispatch::fallback_counts()) fallbacks[op] = n;
-  const auto* table = OpTable::instance().current();
-  for (const auto* slot : OpTable::instance().slots()) {
-    OpReport report;
-    report.op = slot->name;
-    report.fallbacks = fallbacks.count(slot->name) ? fallbacks[slot->name] : 0;
-    if (slot->index < table->stacks.size()) {
-      for (const auto& p : table->stacks[slot->index]) {
-        report.layers.push_back({p->owner(), p->kind(), p->calls.load(), p->declines.load()});
-      }
+  std::lock_guard state(state_mutex_);
+  // The stacks as published, from the registry's own lists (the same
+  // order build_table gives the dispatcher), with each plugin's history.
+  std::map<size_t, std::vector<OpLayer>> stacks;  // by slot index
+  auto layer = [](const dispatch::Provider& p, const Counts& before) {
+    const int64_t calls = p.calls.load(std::memory_order_relaxed);
+    const int64_t declines = p.declines.load(std::memory_order_relaxed);
+    return OpLayer{p.owner(), p.kind(), before.calls + calls, before.declines + declines, calls, declines};
+  };
+  for (const auto& p : plugins_) {
+    for (const auto& [op, provider] : p->current->providers) {
+      const auto h = p->history.find(op);
+      stacks[OpTable::instance().slot(op).index].push_back(
+          layer(*provider, h == p->history.end() ? Counts{} : h->second));
     }
-    if (!report.layers.empty()) out.push_back(std::move(report));
+  }
+  for (const auto& o : overrides_) stacks[OpTable::instance().slot(o.op).index].push_back(layer(*o.provider, {}));
+  std::vector<OpReport> out;
+  for (const auto* slot : OpTable::instance().slots()) {
+    auto it = stacks.find(slot->index);
+    if (it == stacks.end()) continue;
+    out.push_back({slot->name, std::move(it->second), fallbacks.count(slot->name) ? fallbacks[slot->name] : 0});
   }
   return out;
 }

@@ -8,6 +8,12 @@
 // the change created. Versions a change retires are released once no call
 // can still be inside them; a reload keeps the previous versions mapped for
 // rollback().
+//
+// Two locks: changes are serialized by one, held for a whole change
+// (checks, dlopen, waiting for calls in flight); the registry's lists are
+// guarded by another, held only for moments and never while waiting, so
+// a listing (from a Python override inside a call, say) never waits on a
+// change that waits on it.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +35,7 @@ struct DispatchTable;
 namespace maxdev::plugins {
 
 struct PluginInfo {
+  uint64_t id = 0;       // this load of the plugin (a reload keeps it; unload + load gets a new one)
   std::string name;
   std::string version;
   std::string path;      // what the user asked to load (last reload's path)
@@ -54,8 +61,13 @@ struct UnloadReport {
 struct OpLayer {
   std::string owner;  // "reference@1.0.0", "override:<name>"
   std::string kind;   // "plugin", "override"
+  // Since the plugin was loaded, over all its versions (an override: since
+  // it was installed). Validation runs of a version not yet live never count.
   int64_t calls = 0;
   int64_t declines = 0;
+  // The serving version only, since it became current.
+  int64_t version_calls = 0;
+  int64_t version_declines = 0;
 };
 
 struct OpReport {
@@ -84,6 +96,7 @@ struct LoadOptions {
 };
 
 struct ReloadOptions {
+  std::optional<uint64_t> id;       // the load a handle names: refused if the plugin is another load
   std::optional<std::string> path;  // default: the path of the current version
   bool force = false;               // reload even if the content is unchanged
   // Default: the current version's when the path is the current one's,
@@ -103,9 +116,11 @@ class PluginRegistry {
   // Unchanged content (same SHA-256) is a no-op unless forced.
   PluginInfo reload(const std::string& name, const ReloadOptions& options, const Checks& checks = {});
   // Returns to the previous version (still mapped).
-  PluginInfo rollback(const std::string& name);
-  UnloadReport unload(const std::string& name);
+  PluginInfo rollback(const std::string& name, std::optional<uint64_t> id = std::nullopt);
+  // `id`: the load a handle names; another load of the same name is refused.
+  UnloadReport unload(const std::string& name, std::optional<uint64_t> id = std::nullopt);
   std::vector<PluginInfo> plugins() const;
+  std::optional<PluginInfo> plugin(uint64_t id) const;  // nullopt once that load was unloaded
   std::vector<OpReport> ops() const;
 
   // A provider above every plugin for `op`; returns a token for removal.
@@ -114,9 +129,20 @@ class PluginRegistry {
   bool remove_override(uint64_t token);
   // Removes every override of `op`; returns how many.
   size_t restore(const std::string& op);
+  // Removes every override (at interpreter exit, while Python still runs).
+  size_t remove_all_overrides();
 
   // The manifest of a file, without loading it (no plugin code runs).
   static Manifest inspect(const std::string& path);
+
+  // Opens, initializes and closes a plugin file without registering
+  // anything: the pre-flight child's test. Throws PluginError.
+  static void trial_open(const std::string& path, const std::string& name);
+
+  // In a child forked from inside a change's check (the pre-flight child,
+  // which is a copy of this process made while the change held its lock):
+  // drops that change so the child can make its own. Nothing else may call it.
+  void abandon_change_after_fork();
 
  private:
   struct Version;
@@ -124,8 +150,14 @@ class PluginRegistry {
   struct Override;
   struct CustomOp;
   struct Prepared;
+  struct Counts {
+    int64_t calls = 0, declines = 0;
+  };
   PluginRegistry();
   ~PluginRegistry();
+  static void before_fork();
+  static void after_fork_in_parent();
+  static void after_fork_in_child();
 
   // `name`: empty for the manifest's; a new plugin's name must be free.
   Prepared prepare(const std::string& path, const std::string& name, bool new_plugin, const LoadOptions& options,
@@ -135,16 +167,26 @@ class PluginRegistry {
   // on failure undoes commit(version) and rethrows.
   void vet(const Checks& checks, const std::shared_ptr<Version>& version, bool new_plugin);
   std::unique_ptr<dispatch::DispatchTable> build_table(const Version* replacing, const Version* with) const;
-  void publish();  // callers hold mutex_
-  void release_custom_ops(const std::string& plugin, const std::vector<std::string>& only);
+  void publish();  // callers hold change_mutex_, not state_mutex_
+  // Removes the custom ops a refused change defined (never published).
+  void discard_unpublished_ops();
+  // After a change: which plugins serve each custom op; an op nobody
+  // serves any more raises an error naming its last plugin.
+  void update_custom_op_users();
+  // Removes the overrides `drop` selects from the list (not yet from the table).
+  std::vector<Override> take_overrides(const std::function<bool(const Override&)>& drop);
+  // Moves a version's counters into its plugin's history (it stops serving).
+  void fold_counts(Plugin& plugin, const Version& version);
   void close_versions(std::vector<std::shared_ptr<Version>> versions, bool* all_unmapped);
-  Plugin& find(const std::string& name);
+  Plugin& find(const std::string& name, std::optional<uint64_t> id = std::nullopt);
 
-  mutable std::mutex mutex_;  // serializes changes and listings
+  std::mutex change_mutex_;           // serializes changes (held for a whole change)
+  mutable std::mutex state_mutex_;    // guards the lists below; held only for moments
   std::vector<std::unique_ptr<Plugin>> plugins_;  // load order: later on top
   std::vector<Override> overrides_;               // push order: later on top
   std::vector<std::unique_ptr<CustomOp>> custom_ops_;
   uint64_t next_token_ = 1;
+  uint64_t next_plugin_id_ = 1;
 };
 
 }  // namespace maxdev::plugins

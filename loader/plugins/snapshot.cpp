@@ -1,8 +1,10 @@
 #include "plugins/snapshot.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,10 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <regex>
 #include <vector>
 
 #include "common/log.h"
+#include "plugins/file_writers.h"
 #include "plugins/sha256.h"
 
 namespace maxdev::plugins {
@@ -23,28 +27,46 @@ namespace fs = std::filesystem;
 
 std::string errno_text() { return std::strerror(errno); }
 
+[[noreturn]] void fail_directory(const std::string& detail) {
+  throw PluginError(ErrorKind::snapshot, "", "", "",
+                    detail + " (plugins are copied there before they are opened; set MAX_DEVICE_SNAPSHOT_DIR "
+                             "to a private, writable directory on a filesystem that allows execution)");
+}
+
+// Where the base directory comes from, for messages.
+struct Base {
+  std::string path;
+  std::string source;  // "$MAX_DEVICE_SNAPSHOT_DIR", "$TMPDIR", "the default"
+};
+
+Base snapshot_base() {
+  for (const char* variable : {"MAX_DEVICE_SNAPSHOT_DIR", "TMPDIR"}) {
+    const char* value = std::getenv(variable);
+    if (value != nullptr && *value != '\0') return {value, std::string("$") + variable};
+  }
+  return {"/tmp", "the default"};
+}
+
 // Creates `dir` with mode 0700, or accepts it if it exists, is a directory
 // (not a link), belongs to us and nobody else can enter it.
-void ensure_private_dir(const std::string& dir) {
+void ensure_private_dir(const std::string& dir, const Base& base) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw std::runtime_error("cannot create snapshot directory " + dir + ": " + errno_text());
+    if (errno == ENOENT) {
+      fail_directory("cannot create snapshot directory " + dir + ": the base directory " + base.path + " (from " +
+                     base.source + ") does not exist");
+    }
+    fail_directory("cannot create snapshot directory " + dir + " under " + base.path + " (from " + base.source +
+                   "): " + errno_text());
   }
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
       (st.st_mode & 077) != 0) {
-    throw std::runtime_error("snapshot directory " + dir +
-                             " is not a private directory of this user (mode 0700); "
-                             "remove it or set MAX_DEVICE_SNAPSHOT_DIR");
+    fail_directory("snapshot directory " + dir + " is not a private directory of this user (mode 0700); remove it");
   }
 }
 
 // The directory holding this user's per-process snapshot directories.
-std::string user_directory() {
-  const char* base = std::getenv("MAX_DEVICE_SNAPSHOT_DIR");
-  if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
-  if (base == nullptr || *base == '\0') base = "/tmp";
-  return std::string(base) + "/max_device-" + std::to_string(::geteuid());
-}
+std::string user_directory(const Base& base) { return base.path + "/max_device-" + std::to_string(::geteuid()); }
 
 // Identifies the pid namespace, so that pids are only compared with pids of
 // the same namespace (containers sharing /tmp each have their own).
@@ -58,30 +80,78 @@ std::string pid_namespace() {
 
 std::string process_directory_name(pid_t pid) { return pid_namespace() + "-" + std::to_string(pid); }
 
-struct SnapshotDirectory {
+// This process's directory, made on first use. A forked child does not
+// inherit it (the parent keeps using and finally removes it): the child
+// makes its own on first use, and only the process that made a directory
+// removes it.
+struct ProcessDirectory {
+  std::mutex mutex;
+  pid_t owner = 0;  // the process that made `path`; 0: none yet in this process
   std::string path;
-  SnapshotDirectory() {
-    const std::string user_dir = user_directory();
-    ensure_private_dir(user_dir);
+
+  const std::string& get() {
+    std::lock_guard lock(mutex);
+    if (owner == ::getpid()) return path;
+    const Base base = snapshot_base();
+    const std::string user_dir = user_directory(base);
+    ensure_private_dir(user_dir, base);
     remove_stale_snapshots();
-    path = user_dir + "/" + process_directory_name(::getpid());
+    std::string mine = user_dir + "/" + process_directory_name(::getpid());
     // One with our pid already there was left by a dead process that had
     // this pid, or by this process before an exec: nothing of ours is in it.
     std::error_code ignored;
-    fs::remove_all(path, ignored);
-    ensure_private_dir(path);
+    fs::remove_all(mine, ignored);
+    ensure_private_dir(mine, base);
+    struct statvfs vfs {};
+    if (::statvfs(mine.c_str(), &vfs) == 0 && (vfs.f_flag & ST_NOEXEC) != 0) {
+      fs::remove_all(mine, ignored);
+      fail_directory("snapshot directory " + mine + " is on a filesystem mounted noexec, so no plugin can be "
+                     "mapped from it");
+    }
+    path = std::move(mine);
+    owner = ::getpid();
+    return path;
   }
-  ~SnapshotDirectory() {
+
+  void remove() {
+    std::lock_guard lock(mutex);
+    if (owner != ::getpid()) return;
     std::error_code ignored;
     fs::remove_all(path, ignored);
+    owner = 0;
   }
+
+  ~ProcessDirectory() { remove(); }
 };
+
+ProcessDirectory& process_directory() {
+  static ProcessDirectory directory;
+  return directory;
+}
+
+void forget_parent_directory() {
+  ProcessDirectory& d = process_directory();
+  new (&d.mutex) std::mutex;  // a parent thread may have held it while forking
+  d.owner = 0;
+}
+[[maybe_unused]] const int fork_handler = ::pthread_atfork(nullptr, nullptr, &forget_parent_directory);
+
+// Refuses a file some process still holds open for writing: a linker or a
+// copy that has not finished.
+void refuse_if_being_written(const struct stat& st, const std::string& when, const ErrorContext& ctx) {
+  const auto writers = writers_of(st);
+  if (!writers.empty()) {
+    ctx.fail(ErrorKind::busy, "is still being written (open for writing by " + describe(writers) + ") " + when +
+                                  "; nothing was loaded: try again once it is closed");
+  }
+}
 
 }  // namespace
 
 size_t remove_stale_snapshots() {
-  const std::string user_dir = user_directory();
-  ensure_private_dir(user_dir);
+  const Base base = snapshot_base();
+  const std::string user_dir = user_directory(base);
+  ensure_private_dir(user_dir, base);
   static const std::regex kProcessDir("([0-9]+)-([0-9]+)");
   const std::string namespace_id = pid_namespace();
   const pid_t me = ::getpid();
@@ -110,21 +180,26 @@ size_t remove_stale_snapshots() {
   return removed;
 }
 
-const std::string& snapshot_directory() {
-  static SnapshotDirectory dir;
-  return dir.path;
-}
+const std::string& snapshot_directory() { return process_directory().get(); }
+
+void remove_own_snapshot_directory() { process_directory().remove(); }
 
 Snapshot take_snapshot(const std::string& source, TrustPolicy policy, const ErrorContext& ctx) {
   const PluginFile in = open_plugin_file(source, policy, ctx);
+  refuse_if_being_written(in.stat, "", ctx);
 
   static std::atomic<uint64_t> sequence{0};
-  const std::string& dir = snapshot_directory();
+  std::string dir;
+  try {
+    dir = snapshot_directory();
+  } catch (const PluginError& e) {
+    ctx.fail(ErrorKind::snapshot, e.what());
+  }
   const uint64_t seq = ++sequence;
   const std::string temp = dir + "/.incoming-" + std::to_string(seq);
   UniqueFd out(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (out.get() < 0) {
-    ctx.fail(ErrorKind::not_found, "cannot create snapshot " + temp + ": " + errno_text());
+    ctx.fail(ErrorKind::snapshot, "cannot create snapshot " + temp + ": " + errno_text());
   }
 
   Sha256 hash;
@@ -143,20 +218,36 @@ Snapshot take_snapshot(const std::string& source, TrustPolicy policy, const Erro
       const ssize_t w = ::write(out.get(), buffer.data() + done, static_cast<size_t>(n - done));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) {
+        const std::string why = errno_text();
         ::unlink(temp.c_str());
-        ctx.fail(ErrorKind::not_found, "cannot write snapshot: " + errno_text());
+        ctx.fail(ErrorKind::snapshot, "cannot write snapshot " + temp + ": " + why);
       }
       done += w;
     }
     snap.size += static_cast<uint64_t>(n);
+  }
+  // A writer that started after the first look changed the file while it
+  // was copied, or still holds it: the copy may be unfinished.
+  struct stat after {};
+  if (::fstat(in.fd.get(), &after) != 0 || !same_content_stamp(in.stat, after)) {
+    ::unlink(temp.c_str());
+    ctx.fail(ErrorKind::busy, "changed while it was being copied (still being written?); nothing was loaded: try "
+                              "again once it is complete");
+  }
+  try {
+    refuse_if_being_written(after, "after it was copied", ctx);
+  } catch (...) {
+    ::unlink(temp.c_str());
+    throw;
   }
   snap.sha256 = hash.hex_digest();
   // Content-addressed, plus a sequence number so two loads of one file are
   // two images (dlopen would hand the second load the first one's).
   snap.path = dir + "/" + snap.sha256.substr(0, 16) + "-" + std::to_string(seq) + ".so";
   if (::rename(temp.c_str(), snap.path.c_str()) != 0) {
+    const std::string why = errno_text();
     ::unlink(temp.c_str());
-    ctx.fail(ErrorKind::not_found, "cannot place snapshot: " + errno_text());
+    ctx.fail(ErrorKind::snapshot, "cannot place snapshot " + snap.path + ": " + why);
   }
   log::debug("snapshot of " + source + " -> " + snap.path + " (sha256 " + snap.sha256 + ")");
   return snap;

@@ -24,18 +24,28 @@ struct Snapshot {
 
 // Copies `source` into this process's snapshot directory, reading the one
 // descriptor open_plugin_file() checked under `policy`. Throws PluginError
-// (not_found, untrusted) as open_plugin_file() does.
+// (not_found, untrusted) as open_plugin_file() does; busy when a process
+// holds the file open for writing before or after the copy, or it changed
+// while copied (an unfinished build is never snapshotted); snapshot when
+// the directory cannot be used or written (ENOSPC, read-only, missing).
 Snapshot take_snapshot(const std::string& source, TrustPolicy policy, const ErrorContext& ctx);
 
 // Removes a snapshot file (its mapping, if any, stays valid).
 void remove_snapshot(const Snapshot& snapshot);
 
 // This process's snapshot directory (mode 0700), created on first use and
-// removed at exit. It is <base>/max_device-<uid>/<pid namespace>-<pid>;
-// base: $MAX_DEVICE_SNAPSHOT_DIR, else $TMPDIR, else /tmp. Creating it
-// first runs remove_stale_snapshots() and empties a directory of this
-// pid left by an earlier process (or by this one before an exec).
+// removed at exit by the process that created it (a forked child makes its
+// own). It is <base>/max_device-<uid>/<pid namespace>-<pid>; base:
+// $MAX_DEVICE_SNAPSHOT_DIR, else $TMPDIR, else /tmp. Creating it first runs
+// remove_stale_snapshots() and empties a directory of this pid left by an
+// earlier process (or by this one before an exec). Throws PluginError
+// (snapshot) naming the directory when it cannot be made, is not private,
+// or is on a noexec mount.
 const std::string& snapshot_directory();
+
+// Removes this process's snapshot directory now, if this process made one
+// (a forked pre-flight child, which ends with _exit and runs no destructors).
+void remove_own_snapshot_directory();
 
 // Removes the snapshot directories that processes of this user left behind
 // when they died without cleaning up (killed, crashed, os._exit): those of

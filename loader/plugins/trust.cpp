@@ -1,6 +1,7 @@
 #include "plugins/trust.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,6 +62,15 @@ PluginFile open_plugin_file(const std::string& path, TrustPolicy policy, const E
   if (S_ISDIR(file.stat.st_mode)) ctx.fail(ErrorKind::not_found, "is a directory, not a plugin file");
   if (!S_ISREG(file.stat.st_mode)) ctx.fail(ErrorKind::not_found, "is not a regular file");
   if (policy == TrustPolicy::allow_untrusted) return file;
+
+  // Loading runs a private copy, which would bypass a noexec mount of the
+  // original: that mount says code from there must not run.
+  struct statvfs vfs {};
+  if (::fstatvfs(file.fd.get(), &vfs) == 0 && (vfs.f_flag & ST_NOEXEC) != 0) {
+    ctx.fail(ErrorKind::untrusted, "refused: it lives on a filesystem mounted noexec, which forbids running code "
+                                   "from it (loading a private copy would bypass that); move it, or pass "
+                                   "allow_untrusted=True to load it anyway");
+  }
 
   struct stat dir_stat {};
   if (::fstat(dir.get(), &dir_stat) != 0) ctx.fail(ErrorKind::not_found, "cannot stat " + directory);

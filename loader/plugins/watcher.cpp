@@ -1,5 +1,6 @@
 #include "plugins/watcher.h"
 
+#include <fnmatch.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
@@ -12,7 +13,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
-#include "plugins/manifest.h"
+#include "plugins/file_writers.h"
 #include "plugins/registry.h"
 
 namespace maxdev::plugins {
@@ -20,7 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
 
 std::string canonical(const std::string& path) {
   std::error_code ec;
@@ -30,7 +30,9 @@ std::string canonical(const std::string& path) {
 
 }  // namespace
 
-Watcher::Watcher(const std::string& target, std::chrono::milliseconds debounce) : debounce_(debounce) {
+Watcher::Watcher(const std::string& target, std::chrono::milliseconds debounce, std::string pattern,
+                 OnReady on_ready)
+    : pattern_(std::move(pattern)), debounce_(debounce), on_ready_(std::move(on_ready)), owner_(::getpid()) {
   std::error_code ec;
   if (fs::is_directory(target, ec)) {
     directory_ = canonical(target);
@@ -41,7 +43,7 @@ Watcher::Watcher(const std::string& target, std::chrono::milliseconds debounce) 
   inotify_fd_ = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (inotify_fd_ < 0 || wake_fd_ < 0 ||
-      ::inotify_add_watch(inotify_fd_, directory_.c_str(), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE) < 0) {
+      ::inotify_add_watch(inotify_fd_, directory_.c_str(), IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
     const std::string why = std::strerror(errno);
     if (inotify_fd_ >= 0) ::close(inotify_fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -59,20 +61,30 @@ Watcher::~Watcher() {
 
 void Watcher::stop() {
   if (!thread_.joinable()) return;
+  if (owner_ != ::getpid()) {
+    thread_.detach();  // a forked child: the watching thread stayed in the parent
+    return;
+  }
   const uint64_t one = 1;
   (void)!::write(wake_fd_, &one, sizeof(one));
   thread_.join();
 }
 
-std::vector<WatchEvent> Watcher::events() const {
-  std::lock_guard lock(events_mutex_);
-  return events_;
+bool Watcher::is_candidate(const std::string& name) const {
+  const std::string path = directory_ + "/" + name;
+  if (!only_file_.empty()) return path == only_file_;
+  if (!pattern_.empty() && ::fnmatch(pattern_.c_str(), name.c_str(), 0) == 0) return true;
+  for (const auto& info : PluginRegistry::instance().plugins()) {
+    if (canonical(info.path) == path) return true;
+  }
+  return false;
 }
 
 void Watcher::run() {
   struct Pending {
-    Clock::time_point first_seen, last_change;
-    off_t size = -1;
+    Clock::time_point last_event;
+    struct stat at_event {};  // the file when the kernel said it was closed or moved in
+    bool stat_ok = false;
   };
   std::map<std::string, Pending> pending;  // file name in the directory -> state
   alignas(inotify_event) char buffer[8192];
@@ -87,73 +99,51 @@ void Watcher::run() {
         for (char* p = buffer; p < buffer + n;) {
           auto* ev = reinterpret_cast<inotify_event*>(p);
           p += sizeof(inotify_event) + ev->len;
-          if (ev->len == 0 || (ev->mask & IN_ISDIR)) continue;
-          const std::string name = ev->name;
-          if (!only_file_.empty() && directory_ + "/" + name != only_file_) continue;
-          auto [it, fresh] = pending.try_emplace(name, Pending{now, now, -1});
-          it->second.last_change = now;
-          (void)fresh;
+          if (ev->len == 0 || (ev->mask & IN_ISDIR) || !is_candidate(ev->name)) continue;
+          Pending& entry = pending[ev->name];
+          entry.last_event = now;
+          entry.stat_ok = ::stat((directory_ + "/" + ev->name).c_str(), &entry.at_event) == 0;
         }
       }
     }
-    // A file is ready when its size held still for the debounce interval.
     for (auto it = pending.begin(); it != pending.end();) {
       Pending& p = it->second;
-      struct stat st {};
-      const bool exists = ::stat((directory_ + "/" + it->first).c_str(), &st) == 0;
-      if (!exists) {
-        it = pending.erase(it);
-        continue;
-      }
-      if (st.st_size != p.size) {
-        p.size = st.st_size;
-        p.last_change = now;
-      }
-      if (now - p.last_change < debounce_) {
+      if (now - p.last_event < debounce_) {
         ++it;
         continue;
       }
       const std::string path = directory_ + "/" + it->first;
-      try {
-        read_manifest(path, ErrorContext{path, ""});  // complete ELF with a manifest?
-      } catch (const std::exception& e) {
-        // Maybe still being written: give it 20 debounce intervals (at least
-        // a second) to become a complete plugin before reporting it.
-        if (now - p.first_seen < std::max<Clock::duration>(std::chrono::seconds(1), 20 * debounce_)) {
-          p.last_change = now;
-          ++it;
-          continue;
-        }
-        std::lock_guard lock(events_mutex_);
-        events_.push_back({path, "", false, e.what()});
-        log::error(std::string("watch: ") + e.what());
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || !p.stat_ok) {
+        log::debug("watch: " + path + " is gone or not a regular file; ignored");
         it = pending.erase(it);
         continue;
       }
-      settle(path);
-      it = pending.erase(it);
+      if (!same_content_stamp(st, p.at_event)) {  // written again since: wait for its close
+        p.at_event = st;
+        p.last_event = now;
+        ++it;
+        continue;
+      }
+      const auto writers = writers_of(st);
+      if (!writers.empty()) {  // its writer's close will be another event
+        log::debug("watch: " + path + " is still open for writing by " + describe(writers) + "; waiting");
+        it = pending.erase(it);
+        continue;
+      }
+      bool done = true;
+      try {
+        done = on_ready_(path);
+      } catch (const std::exception& e) {
+        log::error(std::string("watch: ") + path + ": " + e.what());
+      }
+      if (done) {
+        it = pending.erase(it);
+      } else {
+        p.last_event = now;
+        ++it;
+      }
     }
-  }
-}
-
-void Watcher::settle(const std::string& path) {
-  auto& registry = PluginRegistry::instance();
-  for (const auto& info : registry.plugins()) {
-    if (canonical(info.path) != path) continue;
-    WatchEvent event{path, info.name, false, ""};
-    try {
-      ReloadOptions options;
-      options.path = info.path;
-      const auto after = registry.reload(info.name, options);
-      event.reloaded = after.sha256 != info.sha256;
-      event.message = event.reloaded ? "reloaded: " + info.version + " -> " + after.version + " (generation " +
-                                           std::to_string(after.generation) + ")"
-                                     : "unchanged";
-    } catch (const std::exception& e) {
-      event.message = e.what();  // the registry logged it; the current version keeps serving
-    }
-    std::lock_guard lock(events_mutex_);
-    events_.push_back(std::move(event));
   }
 }
 

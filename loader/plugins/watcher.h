@@ -1,54 +1,58 @@
-// Reload plugins when their files are rebuilt.
+// Notices when plugin files have been rebuilt, and only when they are done.
 //
 // Watches a directory (never a single inode: linkers delete and recreate,
-// or write a temporary file and rename it into place) with inotify. A file
-// that was written and closed, or renamed into place, is reloaded once it
-// has kept the same size for the debounce interval and reads as a complete
-// plugin (ELF with its manifest); a half-written file is never loaded, and a
-// broken build is reported while the current version keeps serving.
+// or write a temporary file and rename it into place) with inotify. Only
+// the kernel's "written and closed" (IN_CLOSE_WRITE) and "renamed into
+// place" (IN_MOVED_TO) count: a file being written is never ready. A file
+// is handed on once, after the debounce interval since its last event, it
+// is a regular file that no process holds open for writing and whose size
+// and times did not change since that event. Files that are not
+// candidates (not a loaded plugin's file, nor matching the caller's
+// pattern: CMakeCache.txt, .ninja_log, ...) are ignored silently.
 #pragma once
 
-#include <atomic>
+#include <sys/types.h>
+
 #include <chrono>
-#include <mutex>
+#include <functional>
 #include <string>
 #include <thread>
-#include <vector>
 
 namespace maxdev::plugins {
 
-struct WatchEvent {
-  std::string file;
-  std::string plugin;
-  bool reloaded = false;  // false: refused (the message says why) or unchanged
-  std::string message;
-};
-
 class Watcher {
  public:
+  // Called on the watcher's thread with a ready file's path. Returns false
+  // to be called again for it after another debounce interval (e.g. the
+  // file turned out to be busy again).
+  using OnReady = std::function<bool(const std::string& path)>;
+
   // `target`: a plugin file (its directory is watched, for that file) or a
-  // directory (every loaded plugin whose file is in it). Throws
+  // directory (the files of loaded plugins in it, and those matching
+  // `pattern`, a shell glob on file names, if not empty). Throws
   // std::runtime_error if it cannot be watched.
-  Watcher(const std::string& target, std::chrono::milliseconds debounce);
+  Watcher(const std::string& target, std::chrono::milliseconds debounce, std::string pattern, OnReady on_ready);
   ~Watcher();
   Watcher(const Watcher&) = delete;
   Watcher& operator=(const Watcher&) = delete;
 
+  // Ends the watch; returns once no on_ready call is running.
   void stop();
-  std::vector<WatchEvent> events() const;  // what happened so far, oldest first
+  const std::string& directory() const { return directory_; }
 
  private:
   void run();
-  void settle(const std::string& name);
+  bool is_candidate(const std::string& name) const;
 
   std::string directory_;
-  std::string only_file_;  // empty: every file of the directory
+  std::string only_file_;  // empty: the directory's candidates
+  std::string pattern_;
   std::chrono::milliseconds debounce_;
+  OnReady on_ready_;
   int inotify_fd_ = -1;
   int wake_fd_ = -1;  // eventfd that stop() signals
+  pid_t owner_ = 0;   // the process whose thread runs the watch (a forked child has none)
   std::thread thread_;
-  mutable std::mutex events_mutex_;
-  std::vector<WatchEvent> events_;
 };
 
 }  // namespace maxdev::plugins

@@ -88,14 +88,24 @@ void bind_log(py::module_& m) {
   });
 }
 
+// Paths and messages that may hold a path: bytes are not always UTF-8 on
+// Linux, so they decode as os.fsdecode does (undecodable bytes become
+// surrogate escapes, which os.fsencode turns back into the same bytes).
+py::str fs_str(const std::string& bytes) {
+  PyObject* text = PyUnicode_DecodeFSDefaultAndSize(bytes.data(), static_cast<Py_ssize_t>(bytes.size()));
+  if (text == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(text);
+}
+
 py::dict plugin_info(const plugins::PluginInfo& info) {
   py::dict d;
+  d["id"] = info.id;
   d["name"] = info.name;
   d["version"] = info.version;
-  d["path"] = info.path;
-  d["origin"] = info.origin;
+  d["path"] = fs_str(info.path);
+  d["origin"] = fs_str(info.origin);
   d["allow_untrusted"] = info.allow_untrusted;
-  d["snapshot"] = info.snapshot;
+  d["snapshot"] = fs_str(info.snapshot);
   d["sha256"] = info.sha256;
   d["abi"] = std::to_string(info.abi_major) + "." + std::to_string(info.abi_minor);
   d["ops"] = info.ops;
@@ -127,14 +137,16 @@ py::dict manifest_dict(const plugins::Manifest& m) {
   return d;
 }
 
-// Raises max_device.KernelError through PyTorch's op bindings, which
+// Raises max_device.KernelError (a kernel failed) or PluginStateError (an
+// op whose plugin was unloaded) through PyTorch's op bindings, which
 // restore a pending Python error carried by torch's python_error.
-void raise_kernel_error(const std::string& plugin, const std::string& op, const std::string& file,
-                        const std::string& message) {
+void raise_call_error(const char* kind, const std::string& plugin, const std::string& op, const std::string& file,
+                      const std::string& message) {
   py::gil_scoped_acquire gil;
-  py::object cls = py::module_::import("max_device.errors").attr("KernelError");
-  py::object error = cls(py::str("plugin '" + plugin + "', op " + op + " (" + file + "): " + message));
-  error.attr("file") = file;
+  const char* type = std::string(kind) == "kernel" ? "KernelError" : "PluginStateError";
+  py::object cls = py::module_::import("max_device.errors").attr(type);
+  py::object error = cls(fs_str("plugin '" + plugin + "', op " + op + " (" + file + "): " + message));
+  error.attr("file") = fs_str(file);
   error.attr("plugin") = plugin;
   error.attr("op") = op;
   PyErr_SetObject(cls.ptr(), error.ptr());
@@ -179,7 +191,7 @@ plugins::Checks checks_from(py::object before_open, py::object before_publish) {
 }
 
 void bind_plugins(py::module_& m) {
-  dispatch::set_kernel_error_hook(&raise_kernel_error);
+  dispatch::set_call_error_hook(&raise_call_error);
   m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name, py::object before_open,
                            py::object before_publish, const std::string& origin, std::optional<std::string> sha256,
                            bool allow_untrusted) {
@@ -191,16 +203,22 @@ void bind_plugins(py::module_& m) {
      py::arg("allow_untrusted") = false);
   m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force,
                              py::object before_open, py::object before_publish, std::optional<std::string> origin,
-                             std::optional<std::string> sha256, std::optional<bool> allow_untrusted) {
+                             std::optional<std::string> sha256, std::optional<bool> allow_untrusted,
+                             std::optional<uint64_t> id) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
-    const plugins::ReloadOptions options{std::move(path), force, std::move(origin), std::move(sha256),
+    const plugins::ReloadOptions options{id, std::move(path), force, std::move(origin), std::move(sha256),
                                          allow_untrusted};
     return change_plugin([&] { return plugins::PluginRegistry::instance().reload(name, options, checks); });
   }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false,
      py::arg("before_open") = py::none(), py::arg("before_publish") = py::none(), py::arg("origin") = py::none(),
-     py::arg("sha256") = py::none(), py::arg("allow_untrusted") = py::none());
-  m.def("_rollback_plugin", [](const std::string& name) {
-    return change_plugin([&] { return plugins::PluginRegistry::instance().rollback(name); });
+     py::arg("sha256") = py::none(), py::arg("allow_untrusted") = py::none(), py::arg("id") = py::none());
+  m.def("_rollback_plugin", [](const std::string& name, std::optional<uint64_t> id) {
+    return change_plugin([&] { return plugins::PluginRegistry::instance().rollback(name, id); });
+  }, py::arg("name"), py::arg("id") = py::none());
+  m.def("_plugin_info", [](uint64_t id) -> py::object {
+    const auto info = without_gil([&] { return plugins::PluginRegistry::instance().plugin(id); });
+    if (!info) return py::none();
+    return plugin_info(*info);
   });
   m.def("_push_override", [](const std::string& op, py::object fn, const std::string& label) {
     auto provider = make_python_override(std::move(fn), label);
@@ -215,13 +233,17 @@ void bind_plugins(py::module_& m) {
     py::gil_scoped_release nogil;
     return plugins::PluginRegistry::instance().restore(op);
   });
-  m.def("_unload_plugin", [](const std::string& name) {
-    const auto report = without_gil([&] { return plugins::PluginRegistry::instance().unload(name); });
+  m.def("_remove_all_overrides", [] {
+    py::gil_scoped_release nogil;
+    return plugins::PluginRegistry::instance().remove_all_overrides();
+  });
+  m.def("_unload_plugin", [](const std::string& name, std::optional<uint64_t> id) {
+    const auto report = without_gil([&] { return plugins::PluginRegistry::instance().unload(name, id); });
     py::dict d;
     d["name"] = report.name;
     d["unmapped"] = report.unmapped;
     return d;
-  });
+  }, py::arg("name"), py::arg("id") = py::none());
   m.def("_list_plugins", [] {
     py::list out;
     for (const auto& info : without_gil([] { return plugins::PluginRegistry::instance().plugins(); })) {
@@ -251,6 +273,8 @@ void bind_plugins(py::module_& m) {
         ld["kind"] = l.kind;
         ld["calls"] = l.calls;
         ld["declines"] = l.declines;
+        ld["version_calls"] = l.version_calls;
+        ld["version_declines"] = l.version_declines;
         layers.append(ld);
       }
       d["layers"] = layers;
@@ -260,29 +284,37 @@ void bind_plugins(py::module_& m) {
   });
   m.def("_inspect", [](const std::string& path) { return manifest_dict(plugins::PluginRegistry::inspect(path)); });
   py::class_<plugins::Watcher>(m, "_Watcher")
-      .def(py::init([](const std::string& target, double debounce_seconds) {
+      .def(py::init([](const std::string& target, double debounce_seconds, std::string pattern, py::function on_ready) {
+             // The callable is called and finally dropped on other threads: both under the GIL.
+             std::shared_ptr<py::function> fn(new py::function(std::move(on_ready)), [](py::function* f) {
+               py::gil_scoped_acquire gil;
+               delete f;
+             });
              try {
                return std::make_unique<plugins::Watcher>(
-                   target, std::chrono::milliseconds(static_cast<int64_t>(debounce_seconds * 1000)));
+                   target, std::chrono::milliseconds(static_cast<int64_t>(debounce_seconds * 1000)),
+                   std::move(pattern), [fn](const std::string& path) {
+                     py::gil_scoped_acquire gil;
+                     try {
+                       return (*fn)(fs_str(path)).cast<bool>();
+                     } catch (py::error_already_set& e) {
+                       log::error("watch: " + path + ": " + e.what());
+                       return true;
+                     }
+                   });
              } catch (const std::runtime_error& e) {
                throw py::value_error(e.what());
              }
            }),
-           py::arg("target"), py::arg("debounce_seconds"))
+           py::arg("target"), py::arg("debounce_seconds"), py::arg("pattern"), py::arg("on_ready"))
       .def("stop", &plugins::Watcher::stop, py::call_guard<py::gil_scoped_release>())
-      .def("events", [](const plugins::Watcher& w) {
-        py::list out;
-        for (const auto& e : w.events()) {
-          py::dict d;
-          d["file"] = e.file;
-          d["plugin"] = e.plugin;
-          d["reloaded"] = e.reloaded;
-          d["message"] = e.message;
-          out.append(d);
-        }
-        return out;
-      });
-  m.def("_snapshot_directory", [] { return plugins::snapshot_directory(); });
+      .def_property_readonly("directory", [](const plugins::Watcher& w) { return fs_str(w.directory()); });
+  m.def("_trial_open", [](const std::string& path, const std::string& name) {
+    without_gil([&] { plugins::PluginRegistry::trial_open(path, name); });
+  });
+  m.def("_abandon_change_after_fork", [] { plugins::PluginRegistry::instance().abandon_change_after_fork(); });
+  m.def("_remove_snapshot_directory", &plugins::remove_own_snapshot_directory);
+  m.def("_snapshot_directory", [] { return fs_str(plugins::snapshot_directory()); });
   m.attr("ABI_VERSION") = std::to_string(MAXDEV_ABI_MAJOR) + "." + std::to_string(MAXDEV_ABI_MINOR);
 
   // PluginError crosses as (kind, file, plugin, op, message); the package
@@ -292,8 +324,8 @@ void bind_plugins(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const plugins::PluginError& e) {
       py::object errors = py::module_::import("max_device.errors");
-      py::object error = errors.attr("_from_loader")(plugins::error_kind_name(e.kind()), e.what(), e.file(),
-                                                     e.plugin(), e.op());
+      py::object error = errors.attr("_from_loader")(plugins::error_kind_name(e.kind()), fs_str(e.what()),
+                                                     fs_str(e.file()), e.plugin(), e.op());
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
     }
   });

@@ -19,7 +19,8 @@ from . import _C  # registers the device with PyTorch (allocator, guard, hooks, 
 from ._device import register_device as _register_device
 from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
-                     PluginError, PluginNotFoundError, PluginStateError, SchemaError, UntrustedPluginError)
+                     PluginBusyError, PluginError, PluginNotFoundError, PluginStateError, SchemaError,
+                     SnapshotError, UntrustedPluginError)
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
 from .validation import ValidationError
@@ -44,8 +45,9 @@ __all__ = [
     # the development loop
     "Watch", "watch",
     # errors
-    "AbiMismatchError", "BadImageError", "HashMismatchError", "KernelError", "ManifestError", "PluginError",
-    "PluginNotFoundError", "PluginStateError", "SchemaError", "UntrustedPluginError", "ValidationError",
+    "AbiMismatchError", "BadImageError", "HashMismatchError", "KernelError", "ManifestError", "PluginBusyError",
+    "PluginError", "PluginNotFoundError", "PluginStateError", "SchemaError", "SnapshotError",
+    "UntrustedPluginError", "ValidationError",
     # fallback and logs
     "fallback_counts", "fallback_policy", "reset_fallback_counts", "set_fallback_policy",
     "log_level", "set_log_level",

@@ -40,12 +40,14 @@ class SchemaError(PluginError):
 
 
 class KernelError(PluginError):
-    """A plugin kernel reported an error while running."""
+    """A plugin kernel reported an error while running, or a kernel or a
+    Python override returned a result that breaks the op's contract."""
 
 
 class PluginStateError(PluginError):
     """A request that does not fit the current state (unknown plugin, a name
-    already loaded, ...)."""
+    already loaded, a handle whose plugin was unloaded, a call of an op
+    whose plugin was unloaded, ...)."""
 
 
 class UntrustedPluginError(PluginError, PermissionError):
@@ -59,6 +61,20 @@ class HashMismatchError(PluginError):
     """The file's content is not the SHA-256 pinned with ``sha256=``."""
 
 
+class PluginBusyError(PluginError):
+    """The file is still being written: a process holds it open for
+    writing (a linker that has not finished, a copy), or it changed while
+    it was being copied. Nothing was loaded; try again once it is closed
+    (``watch()`` waits for that by itself)."""
+
+
+class SnapshotError(PluginError):
+    """The private snapshot directory cannot be used: it cannot be created
+    (a missing or read-only base directory), is not private, is on a
+    noexec mount, or is full. The message names the directory;
+    ``MAX_DEVICE_SNAPSHOT_DIR`` chooses another."""
+
+
 _BY_KIND = {
     "not_found": PluginNotFoundError,
     "bad_image": BadImageError,
@@ -68,6 +84,8 @@ _BY_KIND = {
     "state": PluginStateError,
     "untrusted": UntrustedPluginError,
     "hash_mismatch": HashMismatchError,
+    "busy": PluginBusyError,
+    "snapshot": SnapshotError,
 }
 
 

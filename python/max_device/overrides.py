@@ -16,10 +16,15 @@ registered with PyTorch once per op, so no "Overriding a previously
 registered kernel" warning appears however often you override.
 """
 
+import atexit
 import threading
 from typing import Callable, Optional
 
 from . import _C
+
+# Overrides hold Python functions: they leave while the interpreter still
+# runs, whatever the program forgot to remove.
+atexit.register(_C._remove_all_overrides)
 
 
 class Override:

@@ -10,15 +10,18 @@ looked up in the current directory or ``LD_LIBRARY_PATH``.
 """
 
 import dataclasses
+import math
 import os
 import re
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
 from . import _C
 from ._structured import derived_variants
 from .errors import PluginNotFoundError, PluginStateError
+
+PathArg = Union[str, bytes, os.PathLike]
 
 PLUGIN_PATH_ENV = "MAX_DEVICE_PLUGIN_PATH"
 _configured_plugin_path: List[str] = []
@@ -55,10 +58,25 @@ def _search_path() -> List[Tuple[str, str]]:
     return entries
 
 
-def _resolve(path: Union[str, os.PathLike]) -> Tuple[str, str]:
+def _path_text(path: PathArg) -> str:
+    """A path argument as text: ``str``, ``bytes`` or ``os.PathLike``; bytes
+    that are not UTF-8 become surrogate escapes, as ``os.fsdecode`` makes
+    them (the loader gets the original bytes back). An embedded NUL is
+    refused, as ``open()`` refuses it."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"expected a path (str, bytes or os.PathLike), got {type(path).__name__}: {path!r}")
+    text = os.fsdecode(os.fspath(path))
+    if "\0" in text:
+        raise ValueError(f"embedded null byte in path {text!r}")
+    if not text:
+        raise ValueError("the path is empty")
+    return text
+
+
+def _resolve(path: PathArg) -> Tuple[str, str]:
     """(file, origin) for a path or a bare name; the origin is what
     ``Plugin.origin`` shows."""
-    path = os.fspath(path)
+    path = _path_text(path)
     if "/" in path:
         return path, "path"
     filenames = [path] if path.endswith(".so") else [f"lib{path}.so", f"{path}.so"]
@@ -79,6 +97,9 @@ def _resolve(path: Union[str, os.PathLike]) -> Tuple[str, str]:
 def _pinned(sha256: Optional[str]) -> Optional[str]:
     if sha256 is None:
         return None
+    if not isinstance(sha256, str):
+        raise TypeError(f"sha256 must be a string of 64 hexadecimal digits, got {type(sha256).__name__}: "
+                        f"{sha256!r}")
     digest = sha256.lower()
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise ValueError(f"sha256 must be 64 hexadecimal digits, got {sha256!r}")
@@ -111,73 +132,129 @@ class Manifest:
 
 
 class Plugin:
-    """A loaded plugin. Attributes are a snapshot taken at load time."""
+    """A handle on one load of a plugin, returned by ``load_plugin`` and
+    ``get_plugin``. Its attributes read the live state of that load: after
+    a reload (``reload_plugin``, ``Plugin.reload``, a ``watch()``) they show
+    the version serving now. Once that load is unloaded, ``loaded`` is
+    False, the attributes keep the last state seen, and changing the plugin
+    through the handle raises ``PluginStateError``: a plugin loaded again
+    under the same name is another load (``get_plugin(name)`` gives its
+    handle).
+
+    Attributes: ``name``; ``version`` (the plugin's own version string);
+    ``path`` (the file the user gave); ``origin`` (``"path"``, or the search
+    path entry that held it); ``snapshot`` (the private copy that is
+    mapped); ``sha256``; ``abi`` (``"major.minor"`` it was built for);
+    ``ops`` (every op it serves); ``defines`` (the ops it defined);
+    ``generation`` (1 at load, +1 per published reload); ``load_seconds``
+    (snapshot to publish, for this version); ``loaded_at`` (Unix time this
+    version was published); ``previous_versions`` (older versions still
+    mapped, rollback targets); ``calls_in_flight`` (kernel calls of this
+    version running now); ``allow_untrusted``; ``loaded``; ``id`` (this
+    load, unique in the process)."""
 
     def __init__(self, info: dict):
-        self._info = info
+        self._id = info["id"]
+        self._last = info
 
-    name = property(lambda self: self._info["name"])
-    version = property(lambda self: self._info["version"])
-    path = property(lambda self: self._info["path"], doc="the file the user loaded")
-    origin = property(lambda self: self._info["origin"],
+    def _info(self) -> dict:
+        live = _C._plugin_info(self._id)
+        if live is not None:
+            self._last = live
+        return self._last
+
+    id = property(lambda self: self._id, doc="this load of the plugin (a reload keeps it)")
+    name = property(lambda self: self._last["name"])
+    version = property(lambda self: self._info()["version"])
+    path = property(lambda self: self._info()["path"], doc="the file the user loaded")
+    origin = property(lambda self: self._info()["origin"],
                       doc="how the file was found: 'path', or the search path entry that held it")
-    allow_untrusted = property(lambda self: self._info["allow_untrusted"],
+    allow_untrusted = property(lambda self: self._info()["allow_untrusted"],
                                doc="loaded with the ownership and permission checks waived")
-    snapshot = property(lambda self: self._info["snapshot"], doc="the private copy that is mapped")
-    sha256 = property(lambda self: self._info["sha256"])
-    abi = property(lambda self: self._info["abi"])
-    ops = property(lambda self: list(self._info["ops"]))
-    defines = property(lambda self: list(self._info["defines"]), doc="ops this plugin defines")
-    generation = property(lambda self: self._info["generation"],
+    snapshot = property(lambda self: self._info()["snapshot"], doc="the private copy that is mapped")
+    sha256 = property(lambda self: self._info()["sha256"])
+    abi = property(lambda self: self._info()["abi"])
+    ops = property(lambda self: list(self._info()["ops"]))
+    defines = property(lambda self: list(self._info()["defines"]), doc="ops this plugin defines")
+    generation = property(lambda self: self._info()["generation"],
                           doc="1 at load, +1 for every reload that published a new version")
-    load_seconds = property(lambda self: self._info["load_duration_ns"] / 1e9,
+    load_seconds = property(lambda self: self._info()["load_duration_ns"] / 1e9,
                             doc="snapshot to publish, for this version")
-    previous_versions = property(lambda self: self._info["previous_versions"],
+    loaded_at = property(lambda self: self._info()["loaded_at_ns"] / 1e9,
+                         doc="when this version was published (Unix time)")
+    previous_versions = property(lambda self: self._info()["previous_versions"],
                                  doc="older versions still mapped (rollback targets)")
-    calls_in_flight = property(lambda self: self._info["calls_in_flight"],
-                               doc="kernel calls of this version running when listed")
+    calls_in_flight = property(lambda self: self._info()["calls_in_flight"],
+                               doc="kernel calls of this version running now")
 
     @property
     def loaded(self) -> bool:
-        return any(p["name"] == self.name and p["sha256"] == self.sha256 for p in _C._list_plugins())
+        """Whether this load is still loaded (a reload keeps it loaded)."""
+        return _C._plugin_info(self._id) is not None
 
     def unload(self) -> dict:
         return unload_plugin(self)
 
-    def reload(self, path: Optional[Union[str, os.PathLike]] = None, **options) -> "Plugin":
-        """See reload_plugin() (force, validate, isolate, timeout); updates
-        this object to the published version."""
-        self._info = reload_plugin(self.name, path, **options)._info
+    def reload(self, path: Optional[PathArg] = None, **options) -> "Plugin":
+        """See reload_plugin(); returns this handle, which reads the new version."""
+        reload_plugin(self, path, **options)
         return self
 
     def rollback(self) -> "Plugin":
-        """See rollback_plugin(); updates this object to the version now serving."""
-        self._info = rollback_plugin(self.name)._info
+        """See rollback_plugin(); returns this handle."""
+        rollback_plugin(self)
         return self
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Plugin) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash(self._id)
+
     def __repr__(self) -> str:
+        info = self._info()
         state = "" if self.loaded else ", unloaded"
-        return (f"<max_device.Plugin {self.name} {self.version} gen {self.generation} "
-                f"({len(self.ops)} ops, sha256 {self.sha256[:12]}){state}>")
+        return (f"<max_device.Plugin {info['name']} {info['version']} gen {info['generation']} "
+                f"({len(info['ops'])} ops, sha256 {info['sha256'][:12]}){state}>")
 
 
-def _checks(path: str, plugin: str, validate: bool, isolate: bool, timeout: float) -> dict:
+def _checks(path: str, plugin: str, reload: bool, validate: bool, isolate: bool, preflight: bool,
+            timeout: float) -> dict:
+    """The registry's checks for these options: a child process (isolate),
+    a forked child (preflight), with the kernel comparison there if asked;
+    else the comparison in this process before publish."""
     from . import validation
-    checks = {}
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \
+            or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if isolate:
-        checks["before_open"] = validation.isolated_check(path, plugin, validate, timeout)
-    elif validate:
-        checks["before_publish"] = validation.validate_in_process(path, plugin)
-    return checks
+        return {"before_open": validation.isolated_check(path, plugin, validate, timeout)}
+    if preflight:
+        return {"before_open": validation.preflight_check(path, plugin, reload, validate, timeout)}
+    if validate:
+        return {"before_publish": validation.validate_in_process(path, plugin)}
+    return {}
 
 
-def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, sha256: Optional[str] = None,
+def _name_arg(name: Optional[str]) -> Optional[str]:
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}: {name!r}")
+    if not name:
+        raise ValueError("name must not be empty (omit it to use the plugin's own name)")
+    return name
+
+
+def load_plugin(path: PathArg, *, name: Optional[str] = None, sha256: Optional[str] = None,
                 allow_untrusted: bool = False, validate: bool = False, isolate: bool = False,
-                timeout: float = 120.0) -> Plugin:
+                preflight: bool = False, timeout: float = 120.0) -> Plugin:
     """Load a plugin library and put its kernels on top of each op's stack.
 
-    ``path`` is a file path, or a bare name looked up in the plugin search
-    path (see the module docstring). The file is copied to a private
+    ``path`` is a file path (``str``, ``bytes`` or ``os.PathLike``), or a
+    bare name looked up in the plugin search path (see the module
+    docstring). A file that some process still holds open for writing (a
+    linker that has not finished) is refused with ``PluginBusyError``. The file is copied to a private
     snapshot first; the snapshot is what is opened. Loading runs the
     plugin's constructors and init (``inspect`` runs nothing). All or
     nothing: on any error, raises a ``max_device.PluginError`` subclass and
@@ -196,34 +273,38 @@ def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, sh
     the exact snapshot in a child process (``timeout`` seconds), so a plugin
     whose constructors or kernels crash or hang is refused while this
     process lives; with ``validate`` the comparison runs there too.
+    ``preflight=True`` does the same in a fork of this process
+    (milliseconds instead of seconds). ``timeout`` bounds either child.
     """
     path, origin = _resolve(path)
+    name = _name_arg(name)
     pinned = _pinned(sha256)
-    checks = _checks(path, name or inspect(path).name, validate, isolate, timeout) \
-        if validate or isolate else {}
-    info = _C._load_plugin(path, name, origin=origin, sha256=pinned, allow_untrusted=allow_untrusted,
-                           **checks)
+    checks = _checks(path, name or inspect(path).name, False, validate, isolate, preflight, timeout) \
+        if validate or isolate or preflight else {}
+    info = _C._load_plugin(os.fsencode(path), name, origin=origin, sha256=pinned,
+                           allow_untrusted=allow_untrusted, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
 
 def unload_plugin(plugin: Union[Plugin, str]) -> dict:
     """Remove a plugin's kernels (each op falls to the provider below) and
-    release its library once no call is in flight.
+    release its library once no call is in flight. Ops the plugin defined
+    stay defined (PyTorch cannot safely drop a schema Python may hold):
+    calling one raises ``PluginStateError`` naming the unloaded plugin,
+    until a plugin that serves it is loaded.
 
     Returns ``{"name": ..., "unmapped": bool}``; ``unmapped`` is False when
     the library could not leave the process (GNU unique symbols,
     thread_local destructors), which is also logged."""
-    name = _name_of(plugin)
-    defines = next((p["defines"] for p in _C._list_plugins() if p["name"] == name), [])
-    report = _C._unload_plugin(name)
-    _forget_python_op_caches(defines)
-    return report
+    name, load_id = _target(plugin)
+    return _C._unload_plugin(name, load_id)
 
 
-def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathLike]] = None, *,
+def reload_plugin(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *,
                   force: bool = False, sha256: Optional[str] = None, allow_untrusted: Optional[bool] = None,
-                  validate: bool = False, isolate: bool = False, timeout: float = 120.0) -> Plugin:
+                  validate: bool = False, isolate: bool = False, preflight: bool = False,
+                  timeout: float = 120.0) -> Plugin:
     """Hot swap: load a new build of a loaded plugin and publish all its
     kernels in one atomic step.
 
@@ -233,32 +314,36 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathL
     content (same SHA-256) is a no-op unless ``force``. Ops the new version
     no longer serves fall to the provider below. On any error nothing
     changes and the current version keeps serving. The previous versions
-    stay mapped for ``rollback_plugin``. ``validate`` and ``isolate`` check
-    the new version before it goes live, as in ``load_plugin``. ``path``
-    may be a bare name (search path), ``sha256`` pins the new content and
-    ``allow_untrusted`` defaults to what the current version was loaded
-    with."""
-    name = _name_of(plugin)
+    stay mapped for ``rollback_plugin``. ``validate``, ``isolate`` and
+    ``preflight`` check the new version before it goes live, as in
+    ``load_plugin``. ``path`` may be a bare name (search path), ``sha256``
+    pins the new content and ``allow_untrusted`` defaults to what the
+    current version was loaded with. A file still being written is refused
+    with ``PluginBusyError``."""
+    name, load_id = _target(plugin)
     path, origin = (None, None) if path is None else _resolve(path)
     pinned = _pinned(sha256)
-    checks = _checks(path or get_plugin(name).path, name, validate, isolate, timeout) \
-        if validate or isolate else {}
-    info = _C._reload_plugin(name, path, force, origin=origin, sha256=pinned,
-                             allow_untrusted=allow_untrusted, **checks)
+    checks = _checks(path or get_plugin(name).path, name, True, validate, isolate, preflight, timeout) \
+        if validate or isolate or preflight else {}
+    info = _C._reload_plugin(name, None if path is None else os.fsencode(path), force, origin=origin,
+                             sha256=pinned, allow_untrusted=allow_untrusted, id=load_id, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
 
 def rollback_plugin(plugin: Union[Plugin, str]) -> Plugin:
     """Return to the previous version (still mapped) in one atomic step."""
-    return Plugin(_C._rollback_plugin(_name_of(plugin)))
+    return Plugin(_C._rollback_plugin(*_target(plugin)))
 
 
-def _name_of(plugin: Union[Plugin, str]) -> str:
-    name = plugin.name if isinstance(plugin, Plugin) else plugin
-    if not isinstance(name, str):
+def _target(plugin: Union[Plugin, str]) -> Tuple[str, Optional[int]]:
+    """(name, load id): a handle names one load; a string, whatever is
+    loaded under that name."""
+    if isinstance(plugin, Plugin):
+        return plugin.name, plugin.id
+    if not isinstance(plugin, str):
         raise TypeError(f"expected a Plugin or a plugin name, got {plugin!r}")
-    return name
+    return plugin, None
 
 
 def list_plugins() -> List[Plugin]:
@@ -272,10 +357,10 @@ def get_plugin(name: str) -> Plugin:
     raise PluginStateError(f"plugin '{name}': no plugin of this name is loaded", plugin=name)
 
 
-def inspect(path: Union[str, os.PathLike]) -> Manifest:
+def inspect(path: PathArg) -> Manifest:
     """Read a plugin file's manifest without loading it (a bare name is
     looked up in the plugin search path, as by ``load_plugin``)."""
-    m = _C._inspect(_resolve(path)[0])
+    m = _C._inspect(os.fsencode(_resolve(path)[0]))
     return Manifest(m["name"], m["version"], m["abi"], [KernelEntry(**k) for k in m["kernels"]],
                     list(m["exported_symbols"]))
 

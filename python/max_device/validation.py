@@ -6,17 +6,24 @@ max_device, with the new version staged for the validating thread only.
 Any mismatch refuses the version with a per-op report; the current version
 keeps serving.
 
-``isolate=True``: before the new build is opened in this process at all, a
-child process opens the exact snapshot that would be loaded (running its
-constructors and init) and, with ``validate``, runs the same comparison.
-A version that crashes, aborts or hangs there is refused while this process
-keeps serving.
+``preflight=True`` (the default of ``watch()``): before the new build is
+opened in this process, a *fork* of this process (torch already imported,
+so it costs milliseconds) opens the exact snapshot, runs its constructors
+and init and, with ``validate``, the comparison. A build that crashes,
+aborts, throws or hangs there is refused while this process keeps serving.
+
+``isolate=True``: the same in a fresh interpreter (seconds: it imports
+torch), for when forking this process is not wanted.
 """
 
+import dataclasses
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from typing import Callable, List, Optional
 
 from .errors import PluginError
@@ -52,6 +59,98 @@ def validate_in_process(path: str, plugin: str) -> Callable[[List[str]], None]:
                 f"the new version was not published:\n{_format(mismatches)}",
                 report=mismatches, file=path, plugin=plugin, op=mismatches[0].op)
     return check
+
+
+def _refusal(path: str, plugin: str, where: str, status: int, detail: str) -> "ValidationError":
+    """The error for a child that did not come back clean."""
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        return ValidationError(f"plugin '{plugin}' ({path}): the new build crashed with {name} in the {where}; "
+                               f"it was not loaded and the current version keeps serving\n{detail}",
+                               file=path, plugin=plugin)
+    return ValidationError(f"plugin '{plugin}' ({path}): the {where} failed: {detail}; it was not loaded",
+                           file=path, plugin=plugin)
+
+
+def preflight_check(path: str, plugin: str, reload: bool, validate: bool,
+                    timeout: float) -> Callable[[str], None]:
+    """The registry's before_open check for ``preflight=True``: a forked
+    child opens (and with ``validate`` checks) the snapshot first."""
+    def check(snapshot: str) -> None:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report on the pipe, never return into the caller
+            code = 1
+            try:
+                os.close(read_end)
+                result = _preflight_child(snapshot, plugin, reload, validate)
+                code = 0 if "ok" in result else 1
+            except BaseException as e:  # noqa: B036 - everything must be reported
+                result = {"error": f"{type(e).__name__}: {e}"}
+            try:
+                os.write(write_end, json.dumps(result, default=str).encode())
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        try:
+            output, status = _collect(pid, read_end, timeout)
+        finally:
+            os.close(read_end)
+        if status is None:
+            raise ValidationError(f"plugin '{plugin}' ({path}): the pre-flight child did not finish within "
+                                  f"{timeout:g} s (hang?); it was killed and the build was not loaded",
+                                  file=path, plugin=plugin)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            return
+        try:
+            result = json.loads(output)
+        except ValueError:
+            result = {}
+        if result.get("mismatches") is not None:
+            raise ValidationError(f"plugin '{plugin}' ({path}): {result['error']}; the new version was not "
+                                  f"published", report=result["mismatches"], file=path, plugin=plugin)
+        raise _refusal(path, plugin, "pre-flight child (a fork of this process)", status, result.get("error", ""))
+    return check
+
+
+def _collect(pid: int, fd: int, timeout: float):
+    """(what the child wrote, its wait status), or (..., None) after
+    killing a child that outlived ``timeout``."""
+    chunks, deadline = [], time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(left, 0))
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return b"".join(chunks), None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    return b"".join(chunks), status
+
+
+def _preflight_child(snapshot: str, plugin: str, reload: bool, validate: bool) -> dict:
+    """In the forked child: open the snapshot, init it, and optionally check
+    its kernels through a real (child-only) load."""
+    from . import _C
+    if not validate:
+        _C._trial_open(os.fsencode(snapshot), plugin)
+        return {"ok": True}
+    from . import plugins
+    _C._abandon_change_after_fork()
+    try:
+        if reload:
+            plugins.reload_plugin(plugin, snapshot, force=True, validate=True, preflight=False)
+        else:
+            plugins.load_plugin(snapshot, name=plugin, validate=True, preflight=False)
+    except ValidationError as e:
+        return {"error": str(e).splitlines()[0], "mismatches": [dataclasses.asdict(m) for m in e.report]}
+    finally:
+        _C._remove_snapshot_directory()
+    return {"ok": True}
 
 
 def isolated_check(path: str, plugin: str, validate: bool, timeout: float) -> Callable[[str], None]:

@@ -144,16 +144,32 @@ TEST(AllOrNothing, DuplicateOpIsAManifestError) {
   EXPECT_EQ(observable_state(), before);
 }
 
-TEST(CustomOps, SchemaChangeIsRefusedUntilTheDefinerIsUnloaded) {
+TEST(CustomOps, SchemaOutlivesItsPluginAndCannotChange) {
   auto& registry = PluginRegistry::instance();
   registry.load(fixture("custom_op"), std::nullopt);
   EXPECT_TRUE(c10::Dispatcher::singleton().findSchema({"fixture_ns::negate", "out"}).has_value());
   expect_plugin_error([&] { registry.load(fixture("custom_op_changed"), std::nullopt); }, ErrorKind::schema,
-                      "unload it first");
+                      "keeps its schema for the life of the process");
   registry.unload("custom_op");
-  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"fixture_ns::negate", "out"}).has_value());
-  registry.load(fixture("custom_op_changed"), std::nullopt);
-  registry.unload("custom_op_changed");
+  // Still defined: a caller holding the op gets an error, never a dangling schema.
+  const auto op = c10::Dispatcher::singleton().findSchema({"fixture_ns::negate", "out"});
+  ASSERT_TRUE(op.has_value());
+  at::Tensor x = device_tensor({4}).fill_(1.0);
+  at::Tensor out = at::empty({4}, x.options());
+  try {
+    op->typed<at::Tensor&(const at::Tensor&, at::Tensor&)>().call(x, out);
+    ADD_FAILURE() << "a call of an unloaded plugin's op did not raise";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("plugin 'custom_op'"), std::string::npos) << what;
+    EXPECT_NE(what.find("was unloaded"), std::string::npos) << what;
+  }
+  expect_plugin_error([&] { registry.load(fixture("custom_op_changed"), std::nullopt); }, ErrorKind::schema,
+                      "restart the process");
+  registry.load(fixture("custom_op"), std::nullopt);  // the same schema serves it again
+  op->typed<at::Tensor&(const at::Tensor&, at::Tensor&)>().call(x, out);
+  EXPECT_FLOAT_EQ(out.cpu()[0].item<float>(), -1.0f);
+  registry.unload("custom_op");
 }
 
 TEST(Kernels, AnErrorNamesPluginOpAndFile) {

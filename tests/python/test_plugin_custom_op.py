@@ -1,6 +1,10 @@
 """Ops a plugin defines: sdk_example's myplug::rms_norm, and the custom_op
-fixtures' fixture_ns::negate.out (a schema can only change once the plugin
-that defined it is unloaded)."""
+fixtures' fixture_ns::negate.out. A definition outlives its plugin (PyTorch
+cannot safely drop a schema that Python holds or another thread calls):
+calls then raise PluginStateError naming the plugin, its schema cannot
+change, and loading a plugin that serves it brings it back."""
+
+import threading
 
 import pytest
 import torch
@@ -62,23 +66,96 @@ def test_rms_norm_declined_without_cpu_kernel(sdk_example):
     assert (calls, declines) == (0, 1)
 
 
-def test_unload_removes_op_and_reload_restores_it(load_plugin, plugin_file):
+def test_unload_leaves_the_op_defined_and_load_serves_it_again(load_plugin, plugin_file):
     path = plugin_file("sdk_example")
     x, w = torch.randn(2, 8), torch.randn(8)
     for _ in range(2):
         plugin = load_plugin(path)
-        assert hasattr(torch.ops.myplug, "rms_norm")
+        kept = torch.ops.myplug.rms_norm.default  # held by Python across the unload
+        assert plugin.defines == ["myplug::rms_norm"]
         torch.testing.assert_close(torch.ops.myplug.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6).cpu(),
                                    rms_norm_reference(x, w, 1e-6))
         report = max_device.unload_plugin(plugin)
         assert report == {"name": "sdk_example", "unmapped": True}
-        assert not hasattr(torch.ops.myplug, "rms_norm")
-        with pytest.raises((AttributeError, RuntimeError)):
-            torch.ops.myplug.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6)
+        for op in (kept, torch.ops.myplug.rms_norm, torch.ops.myplug.rms_norm.default):
+            with pytest.raises(max_device.PluginStateError) as info:
+                op(x.to(DEVICE), w.to(DEVICE), 1e-6)
+            e = info.value
+            assert (e.plugin, e.op, e.file) == ("sdk_example", "myplug::rms_norm", path)
+            assert "was unloaded" in str(e)
         assert "myplug::rms_norm" not in [e["op"] for e in max_device.list_ops()]
 
 
-def test_changed_schema_refused_while_definer_loaded(load_plugin, fixture_file):
+def test_calls_racing_loads_and_unloads_never_crash(load_plugin, plugin_file):
+    """One thread calls the plugin's op (a kept overload and the packet)
+    while another loads and unloads the plugin: every call either returns
+    the right result or raises PluginStateError."""
+    path = plugin_file("sdk_example")
+    load_plugin(path)
+    kept = torch.ops.myplug.rms_norm.default
+    max_device.unload_plugin("sdk_example")
+    x, w = torch.randn(4, 8), torch.randn(8)
+    expected = rms_norm_reference(x, w, 1e-6)
+    xd, wd = x.to(DEVICE), w.to(DEVICE)
+    stop, outcomes, failures = threading.Event(), {"served": 0, "unloaded": 0}, []
+
+    def call():
+        while not stop.is_set():
+            for op in (kept, torch.ops.myplug.rms_norm):
+                try:
+                    torch.testing.assert_close(op(xd, wd, 1e-6).cpu(), expected)
+                    outcomes["served"] += 1
+                except max_device.PluginStateError:
+                    outcomes["unloaded"] += 1
+                except Exception as e:  # noqa: BLE001 - anything else is the bug
+                    failures.append(repr(e))
+                    return
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    try:
+        for _ in range(40):
+            plugin = load_plugin(path)
+            max_device.unload_plugin(plugin)
+    finally:
+        stop.set()
+        caller.join(timeout=60)
+    assert not caller.is_alive() and failures == []
+    assert outcomes["served"] + outcomes["unloaded"] > 0
+
+
+def test_python_registrations_on_plugin_ops_survive_unload_and_load(load_plugin, plugin_file):
+    """register_fake and register_autograd on a plugin-defined op: unloading
+    and loading the plugin again works and keeps both."""
+    path = plugin_file("sdk_example")
+    load_plugin(path)
+    op = torch.ops.myplug.rms_norm.default
+
+    @torch.library.register_fake("myplug::rms_norm")
+    def _(x, weight, eps):
+        return torch.empty_like(x)
+
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        return grad * weight / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps), None, None
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[1])
+        ctx.eps = inputs[2]
+
+    torch.library.register_autograd("myplug::rms_norm", backward, setup_context=setup_context)
+    for _ in range(2):
+        max_device.unload_plugin("sdk_example")
+        load_plugin(path)
+        with torch._subclasses.fake_tensor.FakeTensorMode():
+            fake = op(torch.empty(3, 8), torch.empty(8), 1e-6)
+        assert fake.shape == (3, 8)
+        x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
+        op(x, torch.ones(8, device=DEVICE), 1e-6).sum().backward()
+        assert x.grad is not None and x.grad.device.type == DEVICE
+
+
+def test_changed_schema_refused(load_plugin, fixture_file):
     custom_op = load_plugin(fixture_file("custom_op"))
     assert custom_op.defines == ["fixture_ns::negate.out"]
     x = torch.randn(5)
@@ -100,25 +177,25 @@ def test_changed_schema_refused_while_definer_loaded(load_plugin, fixture_file):
     schema = str(torch.ops.fixture_ns.negate.out._schema)
     assert schema == "fixture_ns::negate.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"
 
+    # Unloading the definer does not free the name: the schema stays.
     max_device.unload_plugin(custom_op)
-    assert not hasattr(torch.ops.fixture_ns, "negate")
-    plugin = load_plugin(changed)
-    assert plugin.defines == ["fixture_ns::negate.out"]
-    assert "int unused=0" in str(torch.ops.fixture_ns.negate.out._schema)
-    out = torch.empty(5, device=DEVICE)
-    torch.ops.fixture_ns.negate(x.to(DEVICE), out=out, unused=3)
-    torch.testing.assert_close(out.cpu(), -x)
-    max_device.unload_plugin(plugin)
+    with pytest.raises(max_device.SchemaError, match="restart the process"):
+        load_plugin(changed)
+    assert str(torch.ops.fixture_ns.negate.out._schema) == schema
 
 
 def test_same_schema_from_second_plugin_layers(load_plugin, fixture_file, tmp_path):
-    """custom_op loaded twice under two names: the same schema is accepted
-    and the op keeps its definition until both are gone."""
+    """custom_op loaded twice under two names: the same schema is accepted,
+    and the op is served until both are gone."""
     a = load_plugin(fixture_file("custom_op"))
     b = load_plugin(fixture_file("custom_op"), name="custom_op_2")
     entry = next(e for e in max_device.list_ops() if e["op"] == "fixture_ns::negate.out")
     assert [l["owner"] for l in entry["layers"]] == ["custom_op@1.0.0", "custom_op_2@1.0.0"]
+    x = torch.randn(3)
+    out = torch.empty(3, device=DEVICE)
     max_device.unload_plugin(b)
-    assert hasattr(torch.ops.fixture_ns, "negate")
+    torch.ops.fixture_ns.negate(x.to(DEVICE), out=out)
+    torch.testing.assert_close(out.cpu(), -x)
     max_device.unload_plugin(a)
-    assert not hasattr(torch.ops.fixture_ns, "negate")
+    with pytest.raises(max_device.PluginStateError, match="plugin 'custom_op'"):
+        torch.ops.fixture_ns.negate(x.to(DEVICE), out=out)

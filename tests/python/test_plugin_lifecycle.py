@@ -165,7 +165,11 @@ def test_reload_after_unload_counts_from_zero(load_plugin, fixture_file):
     assert op_stats("aten::neg.out")[0] == 1
     max_device.unload_plugin(plugin)
     again = load_plugin(path)
-    assert again.loaded and plugin.loaded  # same name and hash: the Plugin object sees it loaded
+    # A handle names one load: the old one stays unloaded, and cannot reach the new load.
+    assert again.loaded and not plugin.loaded and again != plugin
+    with pytest.raises(max_device.PluginStateError, match="later load"):
+        max_device.unload_plugin(plugin)
+    assert again.loaded
     assert op_stats("aten::neg.out")[:2] == (0, 0)
 
 
@@ -179,4 +183,6 @@ def test_hot_swap_reference_v1_v2(load_plugin, plugin_file):
     max_device.unload_plugin(v2)
     assert torch.equal(torch.ops.reference.version(x).cpu(), torch.full((3,), 1.0))
     max_device.unload_plugin(v1)
-    assert not hasattr(torch.ops.reference, "version")
+    # The op stays defined (Python may hold it); a call names the unloaded plugin.
+    with pytest.raises(max_device.PluginStateError, match="plugin 'reference'.*was unloaded"):
+        torch.ops.reference.version(x)
