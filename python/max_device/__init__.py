@@ -16,6 +16,7 @@ serve ops with their own kernels::
 import torch
 
 from . import _C  # registers the device with PyTorch (allocator, guard, hooks, kernels)
+from . import _exit
 from ._device import register_device as _register_device
 from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
@@ -33,6 +34,7 @@ DEVICE_NAME = "max_device"
 ABI_VERSION = _C.ABI_VERSION
 
 _register_device(DEVICE_NAME)
+_exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
 
 __all__ = [
     "ABI_VERSION", "DEVICE_NAME",
