@@ -84,13 +84,13 @@ max_device.load_plugin({plugin_file("reference")!r})
 parent_dir = max_device._C._snapshot_directory()
 pid = os.fork()
 if pid == 0:
-    max_device.load_plugin({plugin_file("reference_v2")!r})
+    max_device.load_plugin({plugin_file("reference_v2")!r}, name="child_v2")
     assert max_device._C._snapshot_directory() != parent_dir
     sys.exit(0)  # the interpreter's normal exit: atexit handlers, static destructors
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
 assert os.path.isdir(parent_dir), "the child removed the parent's snapshot directory"
-max_device.load_plugin({plugin_file("reference_v2")!r})
+max_device.load_plugin({plugin_file("reference_v2")!r}, name="parent_v2")
 print("ok")
 """, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
