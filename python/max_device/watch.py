@@ -65,26 +65,28 @@ class Watch:
             if not plugins and self.pattern and fnmatch.fnmatch(os.path.basename(path), self.pattern):
                 plugin = load_plugin(path, **self._reload_options)
                 self._record(file=path, plugin=plugin.name, reloaded=True, version=plugin.version,
-                             generation=plugin.generation, message=f"loaded {plugin.name} {plugin.version}")
+                             generation=plugin.generation, sha256=plugin.sha256,
+                             message=f"loaded {plugin.name} {plugin.version}")
             for plugin in plugins:
                 before = plugin.sha256, plugin.version
                 reload_plugin(plugin, **self._reload_options)
                 changed = plugin.sha256 != before[0]
                 self._record(file=path, plugin=plugin.name, reloaded=changed, version=plugin.version,
-                             generation=plugin.generation,
+                             generation=plugin.generation, sha256=plugin.sha256,
                              message=f"reloaded: {before[1]} -> {plugin.version} (generation {plugin.generation})"
                              if changed else "unchanged")
         except PluginBusyError:
             return False
         except PluginError as e:  # logged by the loader; the current version keeps serving
             self._record(file=path, plugin=e.plugin or "", reloaded=False, version=None, generation=None,
-                         message=str(e))
+                         sha256=None, message=str(e))
         return True
 
     def events(self) -> List[dict]:
         """What happened so far, oldest first: {"file", "plugin", "reloaded",
-        "version", "generation", "message"} (reloaded False: refused, the
-        message says why, or unchanged)."""
+        "version", "generation", "sha256", "message"} (reloaded False:
+        refused, the message says why, or unchanged; version, generation
+        and sha256 are those serving after the event, None if refused)."""
         with self._lock:
             return list(self._events)
 
