@@ -75,3 +75,34 @@ def test_ops_that_cannot_be_overridden_are_refused():
         max_device.override("aten::empty.memory_format", lambda *a, **k: None)
     with pytest.raises(max_device.SchemaError, match="aten::no_such_op"):
         max_device.override("aten::no_such_op", lambda x: x)
+
+
+@pytest.mark.parametrize("result, says", [
+    (lambda x: torch.relu(x.cpu()), "a tensor on cpu"),
+    (lambda x: torch.relu(x).double(), "Double[3] where the op's meta kernel gives Float[3]"),
+    (lambda x: torch.relu(x)[:2], "Float[2] where the op's meta kernel gives Float[3]"),
+    (lambda x: None, "None where the op returns a Tensor"),
+    (lambda x: (x, x), "tuple where the op returns Tensor"),
+])
+def test_a_wrong_override_result_is_refused_naming_the_override(result, says):
+    def broken_relu(x):
+        return result(x)
+
+    x = torch.tensor([-1.0, 2.0, 3.0], device=DEVICE)
+    with max_device.override("aten::relu", broken_relu):
+        with pytest.raises(max_device.KernelError) as info:
+            torch.relu(x)
+    message = str(info.value)
+    assert "override:" in message and "broken_relu" in message and "aten::relu" in message
+    assert says in message, message
+    assert torch.relu(x).tolist() == [0.0, 2.0, 3.0]
+
+
+def test_an_out_override_must_return_its_out_argument():
+    def new_tensor(self, other, *, alpha=1, out):
+        return torch.add(self, other, alpha=alpha)  # computed, but not into `out`
+
+    a = torch.ones(3, device=DEVICE)
+    with max_device.override("aten::add.out", new_tensor):
+        with pytest.raises(max_device.KernelError, match="returns its argument 'out'"):
+            torch.add(a, a, out=torch.empty(3, device=DEVICE))

@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import time
 
 import pytest
 import torch
@@ -186,3 +187,27 @@ def test_hot_swap_reference_v1_v2(load_plugin, plugin_file):
     # The op stays defined (Python may hold it); a call names the unloaded plugin.
     with pytest.raises(max_device.PluginStateError, match="plugin 'reference'.*was unloaded"):
         torch.ops.reference.version(x)
+
+
+def test_a_handle_follows_its_plugin_through_reloads(tmp_path, load_plugin, plugin_file):
+    """A handle reads the live state of its load: after reload_plugin by
+    name or a watch() reload it shows the version serving now."""
+    path = tmp_path / "libreference.so"
+    path.write_bytes(open(plugin_file("reference"), "rb").read())
+    handle = load_plugin(str(path))
+    path.write_bytes(open(plugin_file("reference_v2"), "rb").read())
+    max_device.reload_plugin("reference")
+    assert (handle.version, handle.generation, handle.loaded) == ("2.0.0", 2, True)
+    with max_device.watch(path, debounce=0.02) as w:
+        tmp = tmp_path / "next.tmp"
+        tmp.write_bytes(open(plugin_file("reference"), "rb").read())
+        os.replace(tmp, path)
+        deadline = time.monotonic() + 10
+        while not w.events() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert (handle.version, handle.generation) == ("1.0.0", 3)
+    assert handle == max_device.get_plugin("reference") and handle.path == str(path)
+    handle.unload()
+    assert not handle.loaded and handle.version == "1.0.0"  # the last state seen
+    with pytest.raises(max_device.PluginStateError, match="unloaded"):
+        handle.reload()

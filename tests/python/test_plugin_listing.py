@@ -128,3 +128,31 @@ def test_cli_sdk_dirs():
     assert os.path.isfile(os.path.join(cmake_dir, "MaxDevicePluginConfig.cmake"))
     assert os.path.isfile(os.path.join(include_dir, "max_device", "plugin.h"))
     assert os.path.isfile(os.path.join(include_dir, "max_device", "plugin.hpp"))
+
+
+def test_counters_add_up_over_reloads_and_rollback(tmp_path, load_plugin, plugin_file):
+    """calls/declines: since the plugin was loaded, over all its versions;
+    version_calls/version_declines: the serving version since it became
+    current. A reload or a rollback resets neither total."""
+    path = tmp_path / "libreference.so"
+    path.write_bytes(open(plugin_file("reference"), "rb").read())
+    plugin = load_plugin(str(path))
+    x = torch.randn(8, device="max_device")
+
+    def relu_layer():
+        (entry,) = [e for e in max_device.list_ops() if e["op"] == "aten::relu"]
+        (layer,) = entry["layers"]
+        return layer["calls"], layer["version_calls"]
+
+    for _ in range(3):
+        torch.relu(x)
+    assert relu_layer() == (3, 3)
+    plugin.reload(plugin_file("reference_v2"))
+    assert relu_layer() == (3, 0)
+    torch.relu(x)
+    assert relu_layer() == (4, 1)
+    plugin.rollback()
+    assert relu_layer() == (4, 0)
+    torch.relu(x)
+    assert relu_layer() == (5, 1)
+    assert "5" in next(line for line in str(max_device.list_ops()).splitlines() if line.startswith("aten::relu "))

@@ -60,3 +60,45 @@ def test_load_unload_while_computing(load_plugin, plugin_file):
     assert min(iterations) > 0
     assert served > 0, "the plugin never served a call while loaded"
     assert max_device.list_plugins() == []
+
+
+def test_an_override_that_lists_while_another_thread_changes_never_deadlocks(load_plugin, plugin_file,
+                                                                           fixture_file):
+    """A Python override runs inside a call; a change on another thread
+    waits for calls in flight. Listings from inside the override must not
+    wait for that change (it waits for them)."""
+    path = fixture_file("good")
+    seen = []
+
+    def listing_relu(x):
+        plugins = max_device.list_plugins()
+        seen.append((len(plugins), len(max_device.list_ops())))
+        for p in plugins:
+            try:
+                max_device.get_plugin(p.name)
+            except max_device.PluginStateError:
+                pass  # unloaded meanwhile by the other thread
+        return NotImplemented
+
+    stop, failures = threading.Event(), []
+
+    def caller():
+        x = torch.randn(16, device=DEVICE)
+        while not stop.is_set():
+            try:
+                torch.relu(x)
+            except Exception as e:  # noqa: BLE001
+                failures.append(repr(e))
+                return
+
+    with max_device.override("aten::relu", listing_relu):
+        thread = threading.Thread(target=caller)
+        thread.start()
+        try:
+            for _ in range(RELOADS):
+                max_device.unload_plugin(load_plugin(path))
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+    assert not thread.is_alive(), "the caller deadlocked"
+    assert failures == [] and seen

@@ -1,5 +1,8 @@
 """Checks before a version goes live: validate=True and isolate=True."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -66,3 +69,43 @@ def test_a_check_may_list_state_but_not_start_another_change(load_plugin, fixtur
         assert [p.name for p in max_device.list_plugins()] == ["good", info["name"]]
     finally:
         max_device.unload_plugin(info["name"])
+
+
+def test_a_refused_version_leaves_the_plugins_custom_ops_and_counters(load_plugin, plugin_file, fixture_file):
+    """reference defines reference::version; a new build refused by
+    validation must leave that op served, and its samples must not be
+    counted as the live version's calls."""
+    plugin = load_plugin(plugin_file("reference"))
+    x = torch.zeros(3, device=DEVICE)
+    torch.ops.reference.version(x)
+    torch.neg(x)
+    before = max_device.list_ops()
+    with pytest.raises(max_device.ValidationError):
+        max_device.reload_plugin(plugin, fixture_file("wrong_kernel"), validate=True)
+    assert max_device.list_ops() == before
+    assert torch.ops.reference.version(x).tolist() == [1.0] * 3
+    assert plugin.version == "1.0.0" and plugin.generation == 1
+
+
+def test_listings_do_not_wait_for_a_validation(load_plugin, plugin_file):
+    """Validation of the reference plugin runs for seconds with the change
+    in progress; listings from another thread return meanwhile."""
+    plugin = load_plugin(plugin_file("reference"))
+    done = threading.Event()
+
+    def reload_validated():
+        try:
+            max_device.reload_plugin(plugin, plugin_file("reference_v2"), validate=True)
+        finally:
+            done.set()
+
+    changer = threading.Thread(target=reload_validated)
+    changer.start()
+    try:
+        time.sleep(0.5)  # the change is validating now
+        assert not done.is_set(), "validation finished too fast for this test to mean anything"
+        listed = [p.name for p in max_device.list_plugins()], max_device.list_ops(), max_device.get_plugin("reference")
+        assert listed[0] == ["reference"] and not done.is_set()
+    finally:
+        changer.join(300)
+    assert plugin.version == "2.0.0"
