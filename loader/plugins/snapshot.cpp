@@ -186,6 +186,12 @@ void remove_own_snapshot_directory() { process_directory().remove(); }
 
 Snapshot take_snapshot(const std::string& source, TrustPolicy policy, const ErrorContext& ctx) {
   const PluginFile in = open_plugin_file(source, policy, ctx);
+  // Not worth a copy: anything without an ELF header (a huge file of
+  // something else is refused without being read).
+  char magic[4] = {};
+  if (::pread(in.fd.get(), magic, sizeof magic, 0) != sizeof magic || std::memcmp(magic, "\177ELF", 4) != 0) {
+    ctx.fail(ErrorKind::bad_image, "not an ELF file");
+  }
   refuse_if_being_written(in.stat, "", ctx);
 
   static std::atomic<uint64_t> sequence{0};

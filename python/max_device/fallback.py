@@ -10,6 +10,8 @@ the environment variable ``MAX_DEVICE_FALLBACK`` read at import, e.g.
 
 from typing import Dict, Optional
 
+import torch
+
 from . import _C
 
 _POLICIES = ("allow", "warn", "error")
@@ -44,6 +46,23 @@ def reset_fallback_counts() -> None:
 
 
 def _qualified(op: str) -> str:
+    """'mm' -> 'aten::mm'; an op PyTorch does not know is refused (a policy
+    for it would silently never apply)."""
     if not isinstance(op, str) or not op:
         raise TypeError(f"op must be an operator name such as 'aten::mm', got {op!r}")
-    return op if "::" in op else f"aten::{op}"
+    qualified = op if "::" in op else f"aten::{op}"
+    name, _, overload = qualified.partition(".")
+    known = torch._C._dispatch_find_schema_or_throw  # raises for an unknown (name, overload)
+    try:
+        if overload:
+            known(name, overload)
+        elif not any(n == name or n.startswith(name + ".") for n in _op_names()):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"{qualified} is not an operator PyTorch knows; a fallback policy names an op "
+                         f"('aten::mm') or one overload ('aten::add.out')") from None
+    return qualified
+
+
+def _op_names():
+    return torch._C._dispatch_get_all_op_names()
