@@ -41,6 +41,12 @@ class ValidationError(PluginError):
         self.report = list(report or [])
 
 
+def _describe_failure(failure: dict) -> str:
+    """A failing sample reported by a child process, on one line."""
+    return (f"{failure['op']} [{failure['source']}, {failure['dtype']}, {failure['variant']} #{failure['sample']}] "
+            f"{failure['description']}: max abs {failure['max_abs']:.3g}, max rel {failure['max_rel']:.3g}")
+
+
 def _format(report) -> str:
     lines = [f"  {m}" for m in report[:20]]
     if len(report) > 20:
@@ -107,8 +113,10 @@ def preflight_check(path: str, plugin: str, reload: bool, validate: bool,
         except ValueError:
             result = {}
         if result.get("mismatches") is not None:
+            report = result["mismatches"]
             raise ValidationError(f"plugin '{plugin}' ({path}): {result['error']}; the new version was not "
-                                  f"published", report=result["mismatches"], file=path, plugin=plugin)
+                                  f"published:\n{_format([_describe_failure(m) for m in report])}",
+                                  report=report, file=path, plugin=plugin)
         raise _refusal(path, plugin, "pre-flight child (a fork of this process)", status, result.get("error", ""))
     return check
 
@@ -140,6 +148,10 @@ def _preflight_child(snapshot: str, plugin: str, reload: bool, validate: bool) -
         _C._trial_open(os.fsencode(snapshot), plugin)
         return {"ok": True}
     from . import plugins
+    # The parent's OpenMP threads do not exist here, and libgomp would wait
+    # for them in the child's first parallel region: run on this thread.
+    import torch
+    torch.set_num_threads(1)
     _C._abandon_change_after_fork()
     try:
         if reload:
@@ -147,7 +159,8 @@ def _preflight_child(snapshot: str, plugin: str, reload: bool, validate: bool) -
         else:
             plugins.load_plugin(snapshot, name=plugin, validate=True, preflight=False)
     except ValidationError as e:
-        return {"error": str(e).splitlines()[0], "mismatches": [dataclasses.asdict(m) for m in e.report]}
+        return {"error": f"{len(e.report)} OpInfo samples disagree with the CPU (checked in the pre-flight child)",
+                "mismatches": [dataclasses.asdict(m) for m in e.report]}
     finally:
         _C._remove_snapshot_directory()
     return {"ok": True}

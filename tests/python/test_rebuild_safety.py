@@ -155,12 +155,17 @@ def test_reload_with_preflight_refuses_a_crashing_build(v1_copy, load_plugin, fi
 
 
 def test_preflight_with_validate_checks_the_kernels_in_the_child(tmp_path, load_plugin, fixture_file):
+    """With validate, the child runs the comparison too, even when this
+    process has OpenMP worker threads (which the child does not have)."""
+    big = torch.randn(512, 512)
+    (big @ big).sum()
     path = tmp_path / "libfixture.so"
     shutil.copyfile(fixture_file("good"), path)
     plugin = load_plugin(str(path))
     with pytest.raises(max_device.ValidationError) as info:
         max_device.reload_plugin(plugin, fixture_file("wrong_kernel"), preflight=True, validate=True)
     assert info.value.report and info.value.report[0]["op"] == "aten::neg.out"
+    assert "aten::neg.out" in str(info.value) and "pre-flight" in str(info.value)
     assert plugin.generation == 1
     max_device.reload_plugin(plugin, fixture_file("good_copy"), preflight=True, validate=True)
     assert plugin.generation == 2
