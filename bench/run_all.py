@@ -21,7 +21,7 @@ import _benchlib as bl  # noqa: E402
 
 # Result file of each benchmark (its summary rows feed the combined table).
 RESULT_FILES = {"bench_fallback": "fallback.json", "bench_plugin_call": "plugin_call.json",
-                "bench_load": "load.json"}
+                "bench_load": "load.json", "bench_preflight": "preflight.json"}
 
 
 def summary_rows(name, report):
