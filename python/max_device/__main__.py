@@ -51,7 +51,12 @@ def main(argv=None) -> int:
     p_coverage.add_argument("--json", action="store_true", help="print the report as JSON")
     p_watch = sub.add_parser("watch", help="load plugin files and reload them when they are rebuilt")
     p_watch.add_argument("plugins", nargs="+")
-    p_watch.add_argument("--debounce", type=float, default=0.2, help="seconds a file must stay unchanged")
+    p_watch.add_argument("--debounce", type=float, default=0.2,
+                         help="seconds a finished file must stay closed and unchanged (default 0.2)")
+    p_watch.add_argument("--no-preflight", dest="preflight", action="store_false",
+                         help="open new builds in this process directly, without the forked pre-flight")
+    p_watch.add_argument("--validate", action="store_true", help="compare new kernels with the CPU before publish")
+    p_watch.add_argument("--isolate", action="store_true", help="check new builds in a fresh interpreter")
     p_watch.add_argument("--seconds", type=float, default=None, help="stop after this long (default: Ctrl-C)")
     args = parser.parse_args(argv)
 
@@ -112,7 +117,8 @@ def _watch(max_device, args) -> int:
     import time
 
     plugins = [max_device.load_plugin(path) for path in args.plugins]
-    watches = [max_device.watch(p.path, debounce=args.debounce) for p in plugins]
+    watches = [max_device.watch(p.path, debounce=args.debounce, preflight=args.preflight, validate=args.validate,
+                                isolate=args.isolate) for p in plugins]
     print(f"watching {len(plugins)} plugin(s); rebuild them to reload, Ctrl-C to stop", flush=True)
     shown = 0
     deadline = None if args.seconds is None else time.monotonic() + args.seconds
