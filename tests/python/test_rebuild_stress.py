@@ -1,9 +1,11 @@
-"""Rebuilds of a real plugin with `cmake --build` (ld.bfd writes the output
-in place and publishes it before it is finished) while two threads call
-its kernels and check every result: under watch(), and under a thread
-that calls reload() in a loop. Every version ever published must be a
-finished build, and every call must return a right result.
-MAXDEV_REBUILDS sets the rebuilds per mode (the soak: 500)."""
+"""Rebuilds of a plugin while two threads call its kernels and check every
+result: under watch(), and under a thread that calls reload() in a loop.
+The writers: `cmake --build` of a real project (ld.bfd writes the output in
+place and publishes it before it is finished), a writer in place that
+pauses halfway, a presized writer that writes the end first and pauses,
+and a rename into place. Every version ever published must be a finished
+build, and every call must return a right result. MAXDEV_REBUILDS sets the
+rebuilds per writer and mode (the soak: 500)."""
 
 import hashlib
 import os
@@ -55,11 +57,58 @@ class Project:
         return digest
 
 
-@pytest.fixture
-def project(tmp_path):
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake is not installed")
-    return Project(tmp_path)
+class FileWriter:
+    """Writes one of two finished builds over a plugin file the way some
+    tool would, pausing longer than watch()'s debounce where it can."""
+
+    PAUSE = 0.12
+
+    def __init__(self, kind, target, builds):
+        self.kind, self.target = kind, target
+        self.builds = [open(b, "rb").read() for b in builds]
+        self.finished = {hashlib.sha256(b).hexdigest() for b in self.builds}
+
+    def rebuild(self, version):
+        data = self.builds[version - 1]
+        half = len(data) // 2
+        if self.kind == "rename":
+            with open(self.target + ".tmp", "wb") as f:
+                f.write(data)
+            os.replace(self.target + ".tmp", self.target)
+        elif self.kind == "in_place":
+            with open(self.target, "r+b") as f:
+                f.truncate(0)
+                f.write(data[:half])
+                f.flush()
+                time.sleep(self.PAUSE)
+                f.write(data[half:])
+        else:  # presized: the size first, the end next, the start last
+            with open(self.target, "r+b") as f:
+                f.truncate(len(data))
+                f.seek(half)
+                f.write(data[half:])
+                f.flush()
+                time.sleep(self.PAUSE)
+                f.seek(0)
+                f.write(data[:half])
+        return hashlib.sha256(data).hexdigest()
+
+
+WRITERS = ["cmake", "in_place", "presized", "rename"]
+
+
+@pytest.fixture(params=WRITERS)
+def writer(request, tmp_path, plugin_file):
+    """(the plugin file, a writer with .rebuild(version) -> sha256 and
+    .finished, the set of finished builds' sha256)."""
+    if request.param == "cmake":
+        if shutil.which("cmake") is None:
+            pytest.skip("cmake is not installed")
+        project = Project(tmp_path)
+        return project.output, project
+    target = str(tmp_path / "libkernels.so")
+    shutil.copyfile(plugin_file("reference"), target)
+    return target, FileWriter(request.param, target, [plugin_file("reference"), plugin_file("reference_v2")])
 
 
 class Callers:
@@ -94,9 +143,10 @@ class Callers:
             t.join(60)
 
 
-def test_rebuilds_under_watch(project, load_plugin):
-    plugin = load_plugin(project.output)
-    with Callers() as callers, max_device.watch(project.output, debounce=0.05) as w:
+def test_rebuilds_under_watch(writer, load_plugin):
+    path, project = writer
+    plugin = load_plugin(path)
+    with Callers() as callers, max_device.watch(path, debounce=0.05) as w:
         for i in range(REBUILDS):
             built = project.rebuild(2 - i % 2)
             deadline = time.monotonic() + 30
@@ -108,8 +158,9 @@ def test_rebuilds_under_watch(project, load_plugin):
     assert callers.failures == [] and min(callers.calls) > 0
 
 
-def test_rebuilds_under_a_reload_loop(project, load_plugin):
-    plugin = load_plugin(project.output)
+def test_rebuilds_under_a_reload_loop(writer, load_plugin):
+    path, project = writer
+    plugin = load_plugin(path)
     stop, published, refusals, unexpected = threading.Event(), [], {}, []
 
     def reload_loop():
