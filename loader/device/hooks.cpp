@@ -2,8 +2,6 @@
 // and pointers.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
-#include <c10/core/CPUAllocator.h>
-
 #include <cstring>
 
 #include "device/allocator.h"
@@ -40,8 +38,8 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
   }
 
   at::Device getDeviceFromPtr(void*) const override { return the_device(); }
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* ptr) const override { return is_pinned(ptr); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator(); }
 
   // untyped_storage().resize_() on a max_device storage.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {

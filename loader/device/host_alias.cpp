@@ -63,6 +63,23 @@ c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage) {
                       /*resizable=*/true);
 }
 
+std::optional<c10::Storage> adopted_cpu_storage(const c10::Storage& device_storage) {
+  const c10::DataPtr& ptr = device_storage.data_ptr();
+  if (ptr.get_deleter() != &release_adopted) return std::nullopt;
+  return c10::Storage(static_cast<AdoptedBuffer*>(ptr.get_context())->cpu);
+}
+
+void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage) {
+  TORCH_CHECK(device_storage.device().type() == c10::DeviceType::PrivateUse1 && cpu_storage.device().is_cpu(),
+              "max_device: rehost() moves a max_device storage onto a CPU buffer; got ", device_storage.device(),
+              " and ", cpu_storage.device());
+  TORCH_CHECK(device_storage.nbytes() == cpu_storage.nbytes(), "max_device: rehost() needs storages of one size; got ",
+              device_storage.nbytes(), " and ", cpu_storage.nbytes(), " bytes");
+  c10::Storage adopted = adopt_cpu_storage(cpu_storage);
+  auto* impl = device_storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
+}
+
 at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
   // One alias per device tensor: a kernel that gets the same tensor twice
   // (logical_and_ is logical_and.out(self, other, out=self)) must see one

@@ -279,6 +279,13 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, Cpu
   const size_t num_returns = schema.returns().size();
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
     c10::IValue& value = (*stack)[i];
+    // The README promises no quantized tensors on max_device: a CPU kernel
+    // that made one (quantize_per_tensor, ...) is refused here, not adopted
+    // as a device tensor on which every later op fails.
+    TORCH_CHECK_NOT_IMPLEMENTED(!value.isTensor() || !value.toTensor().is_quantized(),
+                                "max_device does not support quantized tensors: ",
+                                c10::toString(op.operator_name()), " would return a ",
+                                value.toTensor().scalar_type(), " tensor; quantize on the CPU instead");
     if (value.isTensor()) {
       value = scope.to_device(value.toTensor());
     } else if (value.isTensorList()) {

@@ -2,11 +2,14 @@
 // Python package (python/max_device) shapes them into the public API.
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "common/log.h"
 #include "device/allocator.h"
 #include "device/generator.h"
+#include "device/host_alias.h"
+#include "device/streams.h"
 #include "dispatch/cpu_fallback.h"
 #include "dispatch/kernel_provider.h"
 #include "dispatch/op_table.h"
@@ -43,6 +46,33 @@ void bind_device(py::module_& m) {
   m.def("_default_generator", [] {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(device::default_generator()));
+  });
+}
+
+void bind_streams(py::module_& m) {
+  m.def("_stream_priority", [](int64_t stream_id) { return device::stream_priority(stream_id); });
+  m.attr("_STREAM_PRIORITY_RANGE") =
+      py::make_tuple(device::kLowestStreamPriority, device::kHighestStreamPriority);
+}
+
+// Sharing max_device storages between processes (python/max_device/_sharing.py):
+// a shared device storage lives on a CPU buffer in shared memory.
+void bind_sharing(py::module_& m) {
+  auto storage_arg = [](const py::object& obj) -> const c10::Storage& {
+    if (!THPStorage_Check(obj.ptr())) throw py::type_error("expected a torch.UntypedStorage");
+    return THPStorage_Unpack(obj.ptr());
+  };
+  m.def("_adopted_host_storage", [storage_arg](const py::object& device_storage) -> py::object {
+    auto cpu = device::adopted_cpu_storage(storage_arg(device_storage));
+    if (!cpu) return py::none();
+    return py::reinterpret_steal<py::object>(THPStorage_Wrap(std::move(*cpu)));
+  });
+  m.def("_rehost", [storage_arg](const py::object& device_storage, const py::object& cpu_storage) {
+    device::rehost(storage_arg(device_storage), storage_arg(cpu_storage));
+  });
+  m.def("_adopt_host_tensor", [](const at::Tensor& cpu) {
+    TORCH_CHECK(cpu.is_cpu(), "max_device: expected a CPU tensor, got one on ", cpu.device());
+    return device::device_tensor_on(device::adopt_cpu_storage(cpu.storage()), cpu);
   });
 }
 
@@ -305,6 +335,8 @@ void bind_plugins(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "max_device loader bindings (internal; use the max_device package)";
   maxdev::python::bind_device(m);
+  maxdev::python::bind_streams(m);
+  maxdev::python::bind_sharing(m);
   maxdev::python::bind_fallback(m);
   maxdev::python::bind_log(m);
   maxdev::python::bind_plugins(m);

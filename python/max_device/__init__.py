@@ -17,6 +17,7 @@ import torch
 
 from . import _C  # registers the device with PyTorch (allocator, guard, hooks, kernels)
 from ._device import register_device as _register_device
+from ._sharing import install as _install_sharing
 from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
                      PluginError, PluginNotFoundError, PluginStateError, SchemaError, UntrustedPluginError)
@@ -32,6 +33,7 @@ DEVICE_NAME = "max_device"
 ABI_VERSION = _C.ABI_VERSION
 
 _register_device(DEVICE_NAME)
+_install_sharing()
 
 __all__ = [
     "ABI_VERSION", "DEVICE_NAME",

@@ -13,24 +13,32 @@ def d(t):
     return t.to(DEVICE)
 
 
+# An index past the last device: max_device:<device_count()>.
+MISSING = torch.max_device.device_count()
+
+
 @pytest.mark.parametrize("make", [
-    lambda: torch.empty(2, device="max_device:1"),
-    lambda: torch.ones(2, device="max_device:1"),
-    lambda: torch.ones(2).to("max_device:1"),
-    lambda: torch.ones(2).max_device(1),
-    lambda: torch.Generator(device="max_device:1"),
-    lambda: torch.max_device.set_device(1),
-    lambda: torch.max_device.get_rng_state("max_device:1"),
-    lambda: torch.max_device.memory_stats(1),
-], ids=["empty", "ones", "to", "method", "generator", "set_device", "rng_state", "memory_stats"])
-def test_second_device_index(make):
-    with pytest.raises(IndexError, match="single device, max_device:0"):
+    lambda: torch.empty(2, device=f"max_device:{MISSING}"),
+    lambda: torch.ones(2, device=f"max_device:{MISSING}"),
+    lambda: torch.ones(2).to(f"max_device:{MISSING}"),
+    lambda: torch.ones(2).max_device(MISSING),
+    lambda: torch.Generator(device=f"max_device:{MISSING}"),
+    lambda: torch.max_device.set_device(MISSING),
+    lambda: torch.max_device.get_rng_state(f"max_device:{MISSING}"),
+    lambda: torch.max_device.memory_stats(MISSING),
+    lambda: torch.accelerator.memory_allocated(MISSING),
+    lambda: torch.Stream(device=f"max_device:{MISSING}"),
+], ids=["empty", "ones", "to", "method", "generator", "set_device", "rng_state", "memory_stats",
+        "accelerator_memory", "stream"])
+def test_missing_device_index_is_a_runtime_error(make):
+    # As on CUDA: a RuntimeError that says the ordinal is invalid (not an IndexError).
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
         make()
 
 
-def test_second_device_object_is_only_a_name():
+def test_missing_device_object_is_only_a_name():
     # torch.device does not consult the backend; using it does
-    assert torch.device("max_device:1").index == 1
+    assert torch.device(f"max_device:{MISSING}").index == MISSING
 
 
 @pytest.mark.parametrize("make", [
