@@ -141,11 +141,15 @@ class Stream(torch.Stream):
 
 
 class Event(torch.Event):
-    """A max_device event: recorded with a host timestamp, complete at once."""
+    """A max_device event: recorded with a host timestamp, complete at once.
+
+    Constructing one returns a plain torch.Event on max_device: PyTorch's
+    event methods accept only that exact type as the other event.
+    """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device="max_device", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+        return torch.Event(device="max_device", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def current_stream(device=None) -> Stream:
@@ -243,14 +247,6 @@ def set_rng_state_all(new_states) -> None:
         set_rng_state(state, index)
 
 
-def _get_rng_offset(device="max_device") -> int:
-    return _generator(device).get_offset()
-
-
-def _set_rng_offset(offset: int, device="max_device") -> None:
-    _generator(device).set_offset(offset)
-
-
 # --- memory (torch.accelerator's allocator interface) ---------------------
 
 def memory_stats(device=None) -> dict:
@@ -301,7 +297,7 @@ _MODULE_FUNCTIONS = (
     get_amp_supported_dtype, is_bf16_supported, _is_in_bad_fork,
     current_stream, default_stream, set_stream, _set_stream_by_id, get_raw_stream, stream,
     manual_seed, manual_seed_all, seed, seed_all, initial_seed, get_rng_state, set_rng_state,
-    get_rng_state_all, set_rng_state_all, _get_rng_offset, _set_rng_offset,
+    get_rng_state_all, set_rng_state_all,
     memory_stats, memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
     reset_peak_memory_stats, reset_accumulated_memory_stats, empty_cache, get_memory_info,
 )
