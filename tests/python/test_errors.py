@@ -76,6 +76,20 @@ def test_unsupported_dtype_raises(make):
     assert "max_device" in message or "Quantizedmax_device" in message
 
 
+@pytest.mark.parametrize("quantize", [
+    lambda x: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8),
+    lambda x: torch.quantize_per_tensor_dynamic(x, torch.quint8, False),
+    lambda x: torch.quantize_per_channel(x.view(2, 2), torch.tensor([0.1, 0.2], device=DEVICE),
+                                         torch.tensor([0, 0], device=DEVICE), 0, torch.qint8),
+], ids=["per_tensor", "per_tensor_dynamic", "per_channel"])
+def test_quantizing_a_device_tensor_is_refused_at_op_time(quantize):
+    # Not a qint tensor on which every later op fails: the op itself raises.
+    x = d(torch.randn(4))
+    with pytest.raises(NotImplementedError, match="max_device does not support quantized tensors: aten::quantize"):
+        quantize(x)
+    assert x.dtype == torch.float32  # the argument is untouched
+
+
 def test_mixed_device_operands_tensor_iterator():
     with pytest.raises(RuntimeError, match="same device"):
         d(torch.ones(2)) + torch.ones(2)
