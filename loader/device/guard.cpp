@@ -24,8 +24,8 @@ c10::StreamId new_stream_id(int priority) {
   return (next_stream_serial.fetch_add(1, std::memory_order_relaxed) << kPriorityBits) | level;
 }
 
-// Each thread's current stream (the device has index 0 only).
-thread_local c10::StreamId current_stream_id = 0;
+// Each thread's current stream, per device.
+thread_local std::array<c10::StreamId, kMaxDevices> current_stream_ids{};
 
 // An event's handle (its event_id in Python) points at the host time of
 // its last record.
@@ -49,33 +49,36 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kDeviceType; }
 
   c10::Device exchangeDevice(c10::Device d) const override {
-    check_device_index(d.index());
-    return the_device();
+    const c10::Device previous = current_device();
+    set_current_device_index(d.index());
+    return previous;
   }
-  c10::Device getDevice() const override { return the_device(); }
-  void setDevice(c10::Device d) const override { check_device_index(d.index()); }
-  void uncheckedSetDevice(c10::Device) const noexcept override {}
-  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  c10::Device getDevice() const override { return current_device(); }
+  void setDevice(c10::Device d) const override { set_current_device_index(d.index()); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < device_count()) set_current_device_index(d.index());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
   c10::Stream getStream(c10::Device d) const override {
-    check_device_index(d.index());
-    return c10::Stream(c10::Stream::UNSAFE, the_device(), current_stream_id);
+    const auto index = resolve_device_index(d.index());
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kDeviceType, index), current_stream_ids[index]);
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    check_device_index(d.index());
-    return c10::Stream(c10::Stream::DEFAULT, the_device());
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kDeviceType, resolve_device_index(d.index())));
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
     return getNewStream(d, high_priority ? kHighestStreamPriority : kLowestStreamPriority);
   }
   c10::Stream getNewStream(c10::Device d, int priority) const override {
-    check_device_index(d.index());
-    return c10::Stream(c10::Stream::UNSAFE, the_device(), new_stream_id(priority));
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kDeviceType, resolve_device_index(d.index())),
+                       new_stream_id(priority));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     check_stream(s);
-    const c10::Stream previous(c10::Stream::UNSAFE, the_device(), current_stream_id);
-    current_stream_id = s.id();
+    const auto index = resolve_device_index(s.device_index());
+    const c10::Stream previous(c10::Stream::UNSAFE, c10::Device(kDeviceType, index), current_stream_ids[index]);
+    current_stream_ids[index] = s.id();
     return previous;
   }
 

@@ -60,7 +60,8 @@ class HostAliasScope {
 // A max_device tensor with the given storage and the geometry of `like`.
 at::Tensor device_tensor_on(c10::Storage storage, const at::Tensor& like);
 
-// Adopt a CPU-allocated storage as a max_device storage without copying.
+// Adopt a CPU-allocated storage as a storage of the current max_device
+// device without copying.
 c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage);
 
 // The CPU storage whose buffer `device_storage` adopted, if it did.

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "device/allocator.h"
 #include "dispatch/cpu_fallback.h"
 #include "dispatch/epoch.h"
 
@@ -28,6 +29,8 @@ class Trampoline final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const OpSlot* slot = slot_.load(std::memory_order_acquire);
+    // Plugin outputs are allocated on the device of the call.
+    device::CurrentDeviceScope on_device(op_device_index(op, *stack));
     ReadGuard guard;
     const DispatchTable* table = OpTable::instance().current();
     if (slot->index < table->stacks.size()) {

@@ -33,8 +33,10 @@ dispatch::FallbackPolicy policy_arg(const std::string& name) {
 }
 
 void bind_device(py::module_& m) {
-  m.def("_memory_stats", [] {
-    const auto s = device::allocator().stats();
+  m.def("_device_count", [] { return static_cast<int>(device::device_count()); });
+  m.attr("_MAX_DEVICE_COUNT") = static_cast<int>(device::kMaxDevices);
+  m.def("_memory_stats", [](int index) {
+    const auto s = device::allocator().stats(static_cast<c10::DeviceIndex>(index));
     py::dict d;
     d["allocated_bytes"] = s.allocated_bytes;
     d["peak_allocated_bytes"] = s.peak_allocated_bytes;
@@ -42,10 +44,9 @@ void bind_device(py::module_& m) {
     d["frees"] = s.frees;
     return d;
   });
-  m.def("_reset_peak_memory_stats", [] { device::allocator().reset_peak(); });
-  m.def("_default_generator", [] {
+  m.def("_default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(
-        THPGenerator_initDefaultGenerator(device::default_generator()));
+        THPGenerator_initDefaultGenerator(device::default_generator(static_cast<c10::DeviceIndex>(index))));
   });
 }
 
@@ -70,8 +71,9 @@ void bind_sharing(py::module_& m) {
   m.def("_rehost", [storage_arg](const py::object& device_storage, const py::object& cpu_storage) {
     device::rehost(storage_arg(device_storage), storage_arg(cpu_storage));
   });
-  m.def("_adopt_host_tensor", [](const at::Tensor& cpu) {
+  m.def("_adopt_host_tensor", [](const at::Tensor& cpu, int index) {
     TORCH_CHECK(cpu.is_cpu(), "max_device: expected a CPU tensor, got one on ", cpu.device());
+    device::CurrentDeviceScope on(static_cast<c10::DeviceIndex>(index));
     return device::device_tensor_on(device::adopt_cpu_storage(cpu.storage()), cpu);
   });
 }

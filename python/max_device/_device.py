@@ -3,17 +3,32 @@
 torch.max_device holds what PyTorch's generic code asks of a device module
 (serialization, FakeTensor, autocast, checkpoint, fork_rng, DataLoader,
 torch._dynamo's device interface): device selection, streams and events,
-random state, memory statistics and autocast dtypes. One device, max_device:0,
-whose memory is host RAM and whose kernels run synchronously.
+random state, memory statistics and autocast dtypes. max_device has
+MAX_DEVICE_COUNT devices (1..16, default 2), all host memory, whose kernels
+run synchronously.
 """
 
+import os
 import types
 
 import torch
 
 from . import _C
 
-_DEVICE_COUNT = 1
+
+def _device_count_from_environment() -> int:
+    """MAX_DEVICE_COUNT, checked here so a bad value fails the import clearly
+    (the C++ side, which reads it too, only ignores a bad value)."""
+    value = os.environ.get("MAX_DEVICE_COUNT", "")
+    if value == "":
+        return _C._device_count()
+    if not value.isdigit() or not 1 <= int(value) <= _C._MAX_DEVICE_COUNT:
+        raise ValueError(f"MAX_DEVICE_COUNT must be a whole number from 1 to {_C._MAX_DEVICE_COUNT}, "
+                         f"got {value!r}")
+    return _C._device_count()
+
+
+_DEVICE_COUNT = _device_count_from_environment()
 
 
 def _index_of(device, *, optional: bool = True) -> int:
@@ -31,7 +46,8 @@ def _index_of(device, *, optional: bool = True) -> int:
         raise TypeError(f"expected a max_device device or index, got {device!r}")
     if not 0 <= index < _DEVICE_COUNT:
         raise RuntimeError(
-            f"max_device has a single device, max_device:0; got index {index} (invalid device ordinal)")
+            f"max_device:{index} does not exist: invalid device ordinal (max_device has {_DEVICE_COUNT} "
+            f"devices, max_device:0 to max_device:{_DEVICE_COUNT - 1}; MAX_DEVICE_COUNT sets how many)")
     return index
 
 
@@ -201,8 +217,7 @@ def stream(stream) -> StreamContext:
 # --- random state ---------------------------------------------------------
 
 def _generator(device=None) -> torch.Generator:
-    _index_of(device)
-    return _C._default_generator()
+    return _C._default_generator(_index_of(device))
 
 
 def manual_seed(seed: int) -> None:
@@ -227,11 +242,11 @@ def initial_seed() -> int:
     return _generator().initial_seed()
 
 
-def get_rng_state(device="max_device") -> torch.Tensor:
+def get_rng_state(device=None) -> torch.Tensor:
     return _generator(device).get_state()
 
 
-def set_rng_state(new_state: torch.Tensor, device="max_device") -> None:
+def set_rng_state(new_state: torch.Tensor, device=None) -> None:
     _generator(device).set_state(new_state)
 
 
@@ -250,9 +265,8 @@ def set_rng_state_all(new_states) -> None:
 # --- memory (torch.accelerator's allocator interface) ---------------------
 
 def memory_stats(device=None) -> dict:
-    """Allocator statistics: bytes now and at peak, allocation counts."""
-    _index_of(device)
-    return _C._memory_stats()
+    """Allocator statistics of one device: bytes now and at peak, allocation counts."""
+    return _C._memory_stats(_index_of(device))
 
 
 def memory_allocated(device=None) -> int:
@@ -304,14 +318,14 @@ _MODULE_FUNCTIONS = (
 
 
 def _make_module(name: str) -> types.ModuleType:
-    module = types.ModuleType(f"torch.{name}", "max_device device module: host memory, one device.")
+    module = types.ModuleType(f"torch.{name}", "max_device device module: host memory, synchronous kernels.")
     for fn in _MODULE_FUNCTIONS:
         setattr(module, fn.__name__, fn)
     for cls in (device, Stream, Event, StreamContext):
         setattr(module, cls.__name__, cls)
     module.mem_get_info = get_memory_info
-    module.default_generators = (_C._default_generator(),)
-    module.default_generator = _C._default_generator()
+    module.default_generators = tuple(_C._default_generator(i) for i in range(_DEVICE_COUNT))
+    module.default_generator = module.default_generators[0]
     module._initialized = True  # torch.utils.checkpoint stashes device RNG state only if set
     return module
 

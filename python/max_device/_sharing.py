@@ -38,15 +38,15 @@ def _shared_host_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     return shared
 
 
-def _rebuild_tensor(host_storage, dtype, storage_offset, size, stride, requires_grad):
+def _rebuild_tensor(host_storage, device_index, dtype, storage_offset, size, stride, requires_grad):
     host = torch.empty(0, dtype=dtype).set_(host_storage, storage_offset, size, stride)
-    tensor = _C._adopt_host_tensor(host)
+    tensor = _C._adopt_host_tensor(host, device_index)
     tensor.requires_grad_(requires_grad)
     return tensor
 
 
-def _rebuild_parameter(host_storage, dtype, storage_offset, size, stride, requires_grad):
-    data = _rebuild_tensor(host_storage, dtype, storage_offset, size, stride, False)
+def _rebuild_parameter(host_storage, device_index, dtype, storage_offset, size, stride, requires_grad):
+    data = _rebuild_tensor(host_storage, device_index, dtype, storage_offset, size, stride, False)
     return torch.nn.Parameter(data, requires_grad=requires_grad)
 
 
@@ -60,7 +60,7 @@ def _reduce_tensor(tensor: torch.Tensor):
     host = _shared_host_storage(tensor.untyped_storage())
     rebuild = _rebuild_parameter if isinstance(tensor, torch.nn.Parameter) else _rebuild_tensor
     # The CPU storage pickles through PyTorch's own reducer (fd or file name).
-    return (rebuild, (host, tensor.dtype, tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()),
+    return (rebuild, (host, tensor.device.index, tensor.dtype, tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()),
                       tensor.requires_grad))
 
 
