@@ -129,3 +129,24 @@ def test_work_inside_a_stream_context():
         z = x @ x
     torch.accelerator.synchronize()
     torch.testing.assert_close(z.cpu(), x.cpu() @ x.cpu())
+
+
+def test_functions_the_dynamo_device_interface_wraps():
+    # torch._dynamo.device_interface.DeviceInterface is built on these (as
+    # CudaInterface is on torch.cuda's); torch.compile support comes next.
+    from torch._dynamo.device_interface import DeviceInterface
+
+    module = torch.max_device
+    for name in ("current_device", "set_device", "device_count", "is_available", "stream", "current_stream",
+                 "set_stream", "_set_stream_by_id", "get_raw_stream", "synchronize", "get_device_properties",
+                 "is_bf16_supported", "memory_allocated"):
+        assert hasattr(DeviceInterface, name) and callable(getattr(module, name)), name
+    assert module._exchange_device(0) == 0 and module._maybe_exchange_device(0) == 0
+    for cls in ("device", "Event", "Stream"):
+        assert hasattr(DeviceInterface, cls) and isinstance(getattr(module, cls), type), cls
+    s = torch.max_device.Stream()
+    torch.max_device._set_stream_by_id(s.stream_id, s.device_index, s.device_type)
+    try:
+        assert torch.max_device.get_raw_stream(0) == s.stream_id
+    finally:
+        torch.max_device.set_stream(torch.max_device.default_stream())
