@@ -18,7 +18,10 @@ constexpr const char* kNativeOps[] = {
     "aten::_reshape_alias", "aten::resize_", "aten::set_", "aten::set_.source_Storage",
     "aten::set_.source_Storage_storage_offset", "aten::set_.source_Tensor", "aten::_copy_from",
     "aten::_copy_from_and_resize", "aten::_local_scalar_dense", "aten::convolution_overrideable",
-    "aten::convolution_backward_overrideable"};
+    "aten::convolution_backward_overrideable", "aten::_thnn_fused_lstm_cell",
+    "aten::_thnn_fused_lstm_cell_backward_impl", "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward",
+    "aten::_scaled_dot_product_fused_attention_overrideable",
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward"};
 
 class Trampoline final : public c10::OperatorKernel {
  public:

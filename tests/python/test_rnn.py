@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-import max_device  # noqa: F401
+import max_device
 
 DEVICE = "max_device"
 
@@ -113,3 +113,9 @@ def test_lstm_under_autocast():
     with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):
         out, _ = lstm(torch.randn(6, 3, 4, device=DEVICE))
     assert out.dtype == torch.bfloat16
+
+
+def test_fused_cells_are_max_devices_own():
+    # Plugins serve the pointwise ops the cells are made of, not the cells.
+    with pytest.raises(max_device.SchemaError, match="served natively by max_device"):
+        max_device.override("aten::_thnn_fused_lstm_cell", lambda *args: NotImplemented)

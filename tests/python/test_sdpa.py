@@ -118,3 +118,8 @@ def test_disabling_the_overrideable_backend_uses_math():
         with sdpa_kernel(SDPBackend.MATH):
             F.scaled_dot_product_attention(*qkv())
     assert calls == []
+
+
+def test_the_overrideable_ops_are_max_devices_own():
+    with pytest.raises(max_device.SchemaError, match="served natively by max_device"):
+        max_device.override("aten::_scaled_dot_product_fused_attention_overrideable", fused_attention)
