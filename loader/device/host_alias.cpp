@@ -81,6 +81,9 @@ void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage)
   c10::Storage adopted = adopt_cpu_storage(cpu_storage);
   auto* impl = device_storage.unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
+  // As a CPU storage in shared memory: growing it would leave the buffer
+  // other processes map.
+  impl->set_resizable(false);
 }
 
 at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {

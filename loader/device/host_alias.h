@@ -69,7 +69,8 @@ std::optional<c10::Storage> adopted_cpu_storage(const c10::Storage& device_stora
 
 // Re-seat `device_storage` on the buffer of `cpu_storage` (same byte size;
 // the caller copied the bytes): every tensor and view of the device storage
-// then reads and writes that buffer (how a storage moves to shared memory).
+// then reads and writes that buffer (how a storage moves to shared memory),
+// and the storage is no longer resizable.
 void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage);
 
 inline bool is_device_tensor(const at::Tensor& t) {

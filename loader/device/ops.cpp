@@ -15,6 +15,8 @@
 #include <c10/core/StorageImpl.h>
 #include <torch/library.h>
 
+#include <vector>
+
 #include "device/allocator.h"
 #include "device/host_alias.h"
 
@@ -86,11 +88,21 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   return dst;
 }
 
-// Resizing allocates on the tensor's own device.
+// Resizing allocates on the tensor's own device. A refused resize (a
+// storage in shared memory cannot grow) leaves the tensor's shape as it was;
+// PyTorch's resize_ would already have changed it.
 const at::Tensor& resize_on_device(const at::Tensor& self, c10::IntArrayRef size,
                                    std::optional<c10::MemoryFormat> memory_format) {
   CurrentDeviceScope on(self.device().index());
-  return at::native::resize_(self, size, memory_format);
+  const std::vector<int64_t> sizes = self.sizes().vec();
+  const std::vector<int64_t> strides = self.strides().vec();
+  const int64_t offset = self.storage_offset();
+  try {
+    return at::native::resize_(self, size, memory_format);
+  } catch (...) {
+    self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+    throw;
+  }
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {

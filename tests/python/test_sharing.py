@@ -6,6 +6,7 @@ cross-process step runs with a timeout: a hang fails the test."""
 
 import textwrap
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -29,6 +30,14 @@ def test_share_memory_moves_the_storage_to_shared_memory():
     before = base.data_ptr()
     base.share_memory_()  # already shared: nothing moves
     assert base.data_ptr() == before
+
+
+def test_shared_storage_cannot_grow():
+    # As for a CPU storage in shared memory: other processes map this buffer.
+    t = torch.zeros(4, device=DEVICE).share_memory_()
+    with pytest.raises(RuntimeError, match="not resizable"):
+        t.resize_(1024)
+    assert t.is_shared() and t.shape == (4,)
 
 
 def test_share_memory_keeps_memory_accounting():
