@@ -64,6 +64,17 @@ def _reduce_tensor(tensor: torch.Tensor):
                       tensor.requires_grad))
 
 
+def _rebuild_storage(host_storage, device_index):
+    host = torch.empty(0, dtype=torch.uint8).set_(host_storage)
+    return _C._adopt_host_tensor(host, device_index).untyped_storage()
+
+
+def _reduce_storage(storage: torch.UntypedStorage):
+    if storage.device.type != _DEVICE_TYPE:
+        return _torch_reductions.reduce_storage(storage)
+    return (_rebuild_storage, (_shared_host_storage(storage), storage.device.index))
+
+
 def _share_memory_(self, *args, **kwargs):
     if self.device.type == _DEVICE_TYPE:
         _shared_host_storage(self)
@@ -90,3 +101,5 @@ def install() -> None:
     torch.UntypedStorage.is_shared = _is_shared
     for cls in (torch.Tensor, torch.nn.Parameter):
         ForkingPickler.register(cls, _reduce_tensor)
+    # TypedStorage pickles its UntypedStorage, so this covers both.
+    ForkingPickler.register(torch.UntypedStorage, _reduce_storage)

@@ -89,6 +89,17 @@ def test_parameters_keep_their_type():
     assert received.device.type == DEVICE
 
 
+def test_storages_pass_through_queues():
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    storage = torch.arange(4, dtype=torch.uint8, device="max_device:1").untyped_storage()
+    queue.put(storage)
+    received = queue.get(timeout=TIMEOUT_S)
+    assert received.device == torch.device("max_device:1")
+    assert received.data_ptr() == storage.data_ptr()  # the same shared-memory buffer
+    assert received.cpu().tolist() == [0, 1, 2, 3]
+
+
 def test_dataloader_workers_return_device_tensors():
     # Was: the workers' feeder threads failed in _share_fd_ and the main
     # process waited forever. A fresh interpreter, so a hang is a timeout.
