@@ -16,11 +16,12 @@ compares; bench/bench_gpt.py times its training step.
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # The training text: character-level, so its alphabet is the vocabulary.
 TEXT = (
@@ -100,6 +101,7 @@ class GPT(nn.Module):
         self.ln_final = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.head.weight = self.token_embedding.weight  # tied: one matrix reads and writes tokens
+        self.checkpoint_blocks = False
         self.apply(self._init_weights)
 
     @staticmethod
@@ -118,7 +120,8 @@ class GPT(nn.Module):
         positions = torch.arange(seq, device=tokens.device)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for block in self.blocks:
-            x = block(x)
+            # Activation checkpointing: keep only block inputs, recompute in backward.
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpoint_blocks else block(x)
         return self.head(self.ln_final(x))
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -161,10 +164,12 @@ def make_optimizer(model: GPT) -> torch.optim.Optimizer:
 
 
 def train_step(model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-               targets: torch.Tensor) -> torch.Tensor:
-    """Forward, backward and optimizer step; returns the loss (on the device)."""
+               targets: torch.Tensor, autocast_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Forward, backward and optimizer step; returns the loss (on the device).
+    With `autocast_dtype`, the forward runs under torch.autocast."""
     optimizer.zero_grad(set_to_none=True)
-    loss = model.loss(tokens, targets)
+    with torch.autocast(tokens.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        loss = model.loss(tokens, targets)
     loss.backward()
     optimizer.step()
     return loss
@@ -176,14 +181,16 @@ class TrainResult(NamedTuple):
 
 
 def train(device: str, steps: int = 8, seed: int = 0, config: GPTConfig = GPTConfig(),
-          batch_size: int = 4) -> TrainResult:
+          batch_size: int = 4, autocast_dtype: Optional[torch.dtype] = None,
+          checkpoint_blocks: bool = False) -> TrainResult:
     """Train a fresh model `steps` steps on `device`. Deterministic: the same
     seed gives the same initial weights and batches on every device."""
     model = make_model(config, seed, device)
+    model.checkpoint_blocks = checkpoint_blocks
     optimizer = make_optimizer(model)
     losses = []
     for tokens, targets in batches(config, batch_size, steps, seed):
-        loss = train_step(model, optimizer, tokens.to(device), targets.to(device))
+        loss = train_step(model, optimizer, tokens.to(device), targets.to(device), autocast_dtype)
         losses.append(loss.item())
     return TrainResult(losses, {name: p.detach().cpu() for name, p in model.named_parameters()})
 

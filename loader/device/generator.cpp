@@ -4,6 +4,8 @@
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/core/GeneratorImpl.h>
 
+#include <vector>
+
 #include "device/allocator.h"
 
 namespace maxdev::device {
@@ -11,8 +13,8 @@ namespace {
 
 class DeviceGenerator final : public c10::GeneratorImpl {
  public:
-  explicit DeviceGenerator(at::Generator engine)
-      : c10::GeneratorImpl(the_device(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+  DeviceGenerator(c10::DeviceIndex device, at::Generator engine)
+      : c10::GeneratorImpl(c10::Device(kDeviceType, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         engine_(std::move(engine)) {}
 
   const at::Generator& engine() const { return engine_; }
@@ -32,28 +34,37 @@ class DeviceGenerator final : public c10::GeneratorImpl {
   static c10::DeviceType device_type() { return kDeviceType; }
 
  private:
-  DeviceGenerator* clone_impl() const override { return new DeviceGenerator(engine_.clone()); }
+  DeviceGenerator* clone_impl() const override {
+    return new DeviceGenerator(device().index(), engine_.clone());
+  }
 
   at::Generator engine_;
 };
 
 }  // namespace
 
-const at::Generator& default_generator() {
-  static at::Generator instance = at::make_generator<DeviceGenerator>(at::detail::getDefaultCPUGenerator());
-  return instance;
+const at::Generator& default_generator(c10::DeviceIndex device) {
+  static const std::vector<at::Generator> instances = [] {
+    std::vector<at::Generator> generators;
+    generators.push_back(at::make_generator<DeviceGenerator>(0, at::detail::getDefaultCPUGenerator()));
+    for (c10::DeviceIndex i = 1; i < device_count(); ++i) generators.push_back(new_generator(i));
+    return generators;
+  }();
+  return instances.at(resolve_device_index(device));
 }
 
-at::Generator new_generator() {
-  return at::make_generator<DeviceGenerator>(at::detail::createCPUGenerator(c10::default_rng_seed_val));
+at::Generator new_generator(c10::DeviceIndex device) {
+  return at::make_generator<DeviceGenerator>(resolve_device_index(device),
+                                             at::detail::createCPUGenerator(c10::default_rng_seed_val));
 }
 
 at::Generator cpu_engine(const std::optional<at::Generator>& generator) {
   const at::Generator& chosen =
-      generator.has_value() && generator->defined() ? *generator : default_generator();
+      generator.has_value() && generator->defined() ? *generator : default_generator(-1);
   TORCH_CHECK(chosen.device().type() == kDeviceType,
               "Expected a 'max_device' device type for generator but found '", chosen.device().type(),
               "'");
+
   return static_cast<DeviceGenerator*>(chosen.unsafeGetGeneratorImpl())->engine();
 }
 

@@ -10,18 +10,21 @@
 // only way every random op on max_device follows its seed. Seeding
 // max_device therefore seeds the CPU too, and a run on max_device draws the
 // same numbers as the same run on the CPU. Generators made with
-// torch.Generator(device="max_device") have engines of their own.
+// torch.Generator(device="max_device") have engines of their own, and so
+// do the default generators of max_device:1 and up (ops that take no
+// generator argument, such as dropout, draw from the CPU's on every device).
 #pragma once
 
 #include <ATen/core/Generator.h>
 
 namespace maxdev::device {
 
-const at::Generator& default_generator();
-at::Generator new_generator();
+const at::Generator& default_generator(c10::DeviceIndex device);
+at::Generator new_generator(c10::DeviceIndex device);
 
-// The CPU generator a kernel must use for `generator` (None: the default).
-// A CPU generator passed for a max_device op is an error, as on any device.
+// The CPU generator a kernel must use for `generator` (None: the default
+// generator of the current device). A generator of another device is an
+// error, as on any device.
 at::Generator cpu_engine(const std::optional<at::Generator>& generator);
 
 }  // namespace maxdev::device

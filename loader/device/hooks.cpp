@@ -2,8 +2,6 @@
 // and pointers.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
-#include <c10/core/CPUAllocator.h>
-
 #include <cstring>
 
 #include "device/allocator.h"
@@ -19,34 +17,35 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
     check_device_index(index);
     return true;
   }
-  c10::DeviceIndex deviceCount() const override { return 1; }
-  void setCurrentDevice(c10::DeviceIndex index) const override { check_device_index(index); }
-  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  void setCurrentDevice(c10::DeviceIndex index) const override { set_current_device_index(index); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device_index(); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
-    check_device_index(index);
-    return 0;
+    const c10::DeviceIndex previous = current_device_index();
+    set_current_device_index(index);
+    return previous;
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override {
     return exchangeDevice(index);
   }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
-    check_device_index(index);
-    return default_generator();
+    return default_generator(resolve_device_index(index));
   }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
-    check_device_index(index);
-    return new_generator();
+    return new_generator(resolve_device_index(index));
   }
 
-  at::Device getDeviceFromPtr(void*) const override { return the_device(); }
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  // Every device is host memory: a pointer says nothing about its device.
+  at::Device getDeviceFromPtr(void*) const override { return current_device(); }
+  bool isPinnedPtr(const void* ptr) const override { return is_pinned(ptr); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator(); }
 
   // untyped_storage().resize_() on a max_device storage.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
     TORCH_CHECK(storage.resizable(), "max_device: this storage is not resizable");
     auto* impl = storage.unsafeGetStorageImpl();
+    CurrentDeviceScope on(storage.device().index());
     c10::DataPtr fresh = allocator().allocate(nbytes);
     if (impl->data() != nullptr && nbytes > 0) {
       std::memcpy(fresh.get(), impl->data(), std::min(nbytes, impl->nbytes()));

@@ -38,11 +38,12 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tenso
 struct AdoptedBuffer {
   c10::intrusive_ptr<c10::StorageImpl> cpu;
   int64_t nbytes;
+  c10::DeviceIndex device;
 };
 
 void release_adopted(void* ctx) {
   auto* adopted = static_cast<AdoptedBuffer*>(ctx);
-  allocator().note_adopted_release(adopted->nbytes);
+  allocator().note_adopted_release(adopted->device, adopted->nbytes);
   delete adopted;
 }
 
@@ -56,11 +57,33 @@ c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage) {
   auto* impl = cpu_storage.unsafeGetStorageImpl();
   const auto nbytes = static_cast<int64_t>(impl->nbytes());
   void* data = impl->mutable_data();
-  auto* adopted = new AdoptedBuffer{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), nbytes};
-  allocator().note_adopted(nbytes);
-  c10::DataPtr ptr(data, adopted, &release_adopted, the_device());
+  const c10::DeviceIndex device = current_device_index();
+  auto* adopted = new AdoptedBuffer{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), nbytes, device};
+  allocator().note_adopted(device, nbytes);
+  c10::DataPtr ptr(data, adopted, &release_adopted, c10::Device(kDeviceType, device));
   return c10::Storage(c10::Storage::use_byte_size_t(), impl->nbytes(), std::move(ptr), &allocator(),
                       /*resizable=*/true);
+}
+
+std::optional<c10::Storage> adopted_cpu_storage(const c10::Storage& device_storage) {
+  const c10::DataPtr& ptr = device_storage.data_ptr();
+  if (ptr.get_deleter() != &release_adopted) return std::nullopt;
+  return c10::Storage(static_cast<AdoptedBuffer*>(ptr.get_context())->cpu);
+}
+
+void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage) {
+  TORCH_CHECK(device_storage.device().type() == c10::DeviceType::PrivateUse1 && cpu_storage.device().is_cpu(),
+              "max_device: rehost() moves a max_device storage onto a CPU buffer; got ", device_storage.device(),
+              " and ", cpu_storage.device());
+  TORCH_CHECK(device_storage.nbytes() == cpu_storage.nbytes(), "max_device: rehost() needs storages of one size; got ",
+              device_storage.nbytes(), " and ", cpu_storage.nbytes(), " bytes");
+  CurrentDeviceScope on(device_storage.device().index());
+  c10::Storage adopted = adopt_cpu_storage(cpu_storage);
+  auto* impl = device_storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
+  // As a CPU storage in shared memory: growing it would leave the buffer
+  // other processes map.
+  impl->set_resizable(false);
 }
 
 at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
@@ -91,7 +114,7 @@ void HostAliasScope::commit() {
     // The kernel resized the alias: the new buffer came from the host-side
     // allocator (same pool); hand it to the device storage as device memory.
     c10::DataPtr grown = alias->set_data_ptr(c10::DataPtr());
-    grown.unsafe_set_device(the_device());
+    grown.unsafe_set_device(pair.device->device());
     pair.device->set_data_ptr_noswap(std::move(grown));
     pair.device->set_nbytes(alias->nbytes());
     alias->set_nbytes(0);

@@ -60,8 +60,18 @@ class HostAliasScope {
 // A max_device tensor with the given storage and the geometry of `like`.
 at::Tensor device_tensor_on(c10::Storage storage, const at::Tensor& like);
 
-// Adopt a CPU-allocated storage as a max_device storage without copying.
+// Adopt a CPU-allocated storage as a storage of the current max_device
+// device without copying.
 c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage);
+
+// The CPU storage whose buffer `device_storage` adopted, if it did.
+std::optional<c10::Storage> adopted_cpu_storage(const c10::Storage& device_storage);
+
+// Re-seat `device_storage` on the buffer of `cpu_storage` (same byte size;
+// the caller copied the bytes): every tensor and view of the device storage
+// then reads and writes that buffer (how a storage moves to shared memory),
+// and the storage is no longer resizable.
+void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage);
 
 inline bool is_device_tensor(const at::Tensor& t) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;

@@ -15,6 +15,8 @@
 #include <c10/core/StorageImpl.h>
 #include <torch/library.h>
 
+#include <vector>
+
 #include "device/allocator.h"
 #include "device/host_alias.h"
 
@@ -37,6 +39,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::MemoryFormat> memory_format) {
   const auto scalar_type = c10::dtype_or_default(dtype);
   check_options(layout, device, scalar_type);
+  CurrentDeviceScope on(device.has_value() ? device->index() : -1);
   return at::detail::empty_generic(size, &allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    scalar_type, memory_format);
 }
@@ -46,12 +49,14 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::Device> device, std::optional<bool> /*pin_memory*/) {
   const auto scalar_type = c10::dtype_or_default(dtype);
   check_options(layout, device, scalar_type);
+  CurrentDeviceScope on(device.has_value() ? device->index() : -1);
   return at::detail::empty_strided_generic(size, stride, &allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), scalar_type);
 }
 
 // set_() with no source: an empty storage from the device allocator.
 at::Tensor& set_empty(at::Tensor& self) {
+  CurrentDeviceScope on(self.device().index());
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, &allocator(), /*resizable=*/true);
   self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(storage));
   self.unsafeGetTensorImpl()->set_sizes_contiguous({0});
@@ -83,8 +88,25 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   return dst;
 }
 
+// Resizing allocates on the tensor's own device. A refused resize (a
+// storage in shared memory cannot grow) leaves the tensor's shape as it was;
+// PyTorch's resize_ would already have changed it.
+const at::Tensor& resize_on_device(const at::Tensor& self, c10::IntArrayRef size,
+                                   std::optional<c10::MemoryFormat> memory_format) {
+  CurrentDeviceScope on(self.device().index());
+  const std::vector<int64_t> sizes = self.sizes().vec();
+  const std::vector<int64_t> strides = self.strides().vec();
+  const int64_t offset = self.storage_offset();
+  try {
+    return at::native::resize_(self, size, memory_format);
+  } catch (...) {
+    self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+    throw;
+  }
+}
+
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  at::native::resize_(dst, self.sizes());
+  resize_on_device(dst, self.sizes(), std::nullopt);
   return copy_from(self, dst, false);
 }
 
@@ -114,7 +136,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   m.impl("view", TORCH_FN(at::native::view));
   m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
-  m.impl("resize_", TORCH_FN(at::native::resize_));
+  m.impl("resize_", TORCH_FN(resize_on_device));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));

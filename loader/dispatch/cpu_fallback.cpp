@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "device/allocator.h"
 #include "device/generator.h"
 #include "device/host_alias.h"
 #include "dispatch/op_table.h"
@@ -216,12 +217,43 @@ void note_fallback(const c10::OperatorHandle& op) {
   }
 }
 
+c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t num_args = op.schema().arguments().size();
+  std::optional<c10::Device> seen;
+  std::optional<c10::Device> device_argument;
+  auto see = [&](const at::Tensor& t) {
+    if (!is_device_tensor(t)) return;
+    TORCH_CHECK(!seen || *seen == t.device(),
+                "Expected all tensors to be on the same device, but found at least two devices, ", *seen, " and ",
+                t.device(), "! (in ", c10::toString(op.operator_name()), ")");
+    seen = t.device();
+  };
+  for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (value.isTensor()) {
+      see(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) see(t);
+    } else if (value.isOptionalTensorList()) {
+      for (const c10::IValue& item : value.toListRef()) {
+        if (item.isTensor()) see(item.toTensor());
+      }
+    } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      device_argument = value.toDevice();
+    }
+  }
+  if (seen) return seen->index();
+  return device_argument ? device_argument->index() : -1;
+}
+
 void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKernel cpu_kernel) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
   const size_t num_args = arguments.size();
   const size_t first = stack->size() - num_args;
 
+  // Outputs, grown buffers and the default generator are the op's device's.
+  device::CurrentDeviceScope on_device(op_device_index(op, *stack));
   HostAliasScope scope;
   c10::SmallVector<AliasedArg, 4> aliased;
   const c10::Argument* cpu_operand = nullptr;  // a CPU tensor that is not a 0-dim scalar
@@ -263,8 +295,9 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, Cpu
   }
 
   TORCH_CHECK(cpu_operand == nullptr || aliased.empty() || cpu_operand->name() == "indices",
-              "Expected all tensors to be on the same device, but found at least two devices, max_device:0 "
-              "and cpu! (argument '", cpu_operand ? cpu_operand->name() : "", "' of ", c10::toString(op.operator_name()),
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              aliased.empty() ? c10::Device(c10::kCPU) : aliased.front().device.device(),
+              " and cpu! (argument '", cpu_operand ? cpu_operand->name() : "", "' of ", c10::toString(op.operator_name()),
               ")");
 
   if (cpu_kernel != nullptr) {
@@ -280,6 +313,13 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, Cpu
   const size_t num_returns = schema.returns().size();
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
     c10::IValue& value = (*stack)[i];
+    // The README promises no quantized tensors on max_device: a CPU kernel
+    // that made one (quantize_per_tensor, ...) is refused here, not adopted
+    // as a device tensor on which every later op fails.
+    TORCH_CHECK_NOT_IMPLEMENTED(!value.isTensor() || !value.toTensor().is_quantized(),
+                                "max_device does not support quantized tensors: ",
+                                c10::toString(op.operator_name()), " would return a ",
+                                value.toTensor().scalar_type(), " tensor; quantize on the CPU instead");
     if (value.isTensor()) {
       value = scope.to_device(value.toTensor());
     } else if (value.isTensorList()) {

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "device/allocator.h"
 #include "dispatch/cpu_fallback.h"
 #include "dispatch/epoch.h"
 
@@ -17,7 +18,10 @@ constexpr const char* kNativeOps[] = {
     "aten::_reshape_alias", "aten::resize_", "aten::set_", "aten::set_.source_Storage",
     "aten::set_.source_Storage_storage_offset", "aten::set_.source_Tensor", "aten::_copy_from",
     "aten::_copy_from_and_resize", "aten::_local_scalar_dense", "aten::convolution_overrideable",
-    "aten::convolution_backward_overrideable"};
+    "aten::convolution_backward_overrideable", "aten::_thnn_fused_lstm_cell",
+    "aten::_thnn_fused_lstm_cell_backward_impl", "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward",
+    "aten::_scaled_dot_product_fused_attention_overrideable",
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward"};
 
 class Trampoline final : public c10::OperatorKernel {
  public:
@@ -28,6 +32,8 @@ class Trampoline final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const OpSlot* slot = slot_.load(std::memory_order_acquire);
+    // Plugin outputs are allocated on the device of the call.
+    device::CurrentDeviceScope on_device(op_device_index(op, *stack));
     ReadGuard guard;
     const DispatchTable* table = OpTable::instance().current();
     if (slot->index < table->stacks.size()) {

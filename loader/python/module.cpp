@@ -2,11 +2,14 @@
 // Python package (python/max_device) shapes them into the public API.
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "common/log.h"
 #include "device/allocator.h"
 #include "device/generator.h"
+#include "device/host_alias.h"
+#include "device/streams.h"
 #include "dispatch/cpu_fallback.h"
 #include "dispatch/kernel_provider.h"
 #include "dispatch/op_table.h"
@@ -30,8 +33,10 @@ dispatch::FallbackPolicy policy_arg(const std::string& name) {
 }
 
 void bind_device(py::module_& m) {
-  m.def("_memory_stats", [] {
-    const auto s = device::allocator().stats();
+  m.def("_device_count", [] { return static_cast<int>(device::device_count()); });
+  m.attr("_MAX_DEVICE_COUNT") = static_cast<int>(device::kMaxDevices);
+  m.def("_memory_stats", [](int index) {
+    const auto s = device::allocator().stats(static_cast<c10::DeviceIndex>(index));
     py::dict d;
     d["allocated_bytes"] = s.allocated_bytes;
     d["peak_allocated_bytes"] = s.peak_allocated_bytes;
@@ -39,10 +44,37 @@ void bind_device(py::module_& m) {
     d["frees"] = s.frees;
     return d;
   });
-  m.def("_reset_peak_memory_stats", [] { device::allocator().reset_peak(); });
-  m.def("_default_generator", [] {
+  m.def("_default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(
-        THPGenerator_initDefaultGenerator(device::default_generator()));
+        THPGenerator_initDefaultGenerator(device::default_generator(static_cast<c10::DeviceIndex>(index))));
+  });
+}
+
+void bind_streams(py::module_& m) {
+  m.def("_stream_priority", [](int64_t stream_id) { return device::stream_priority(stream_id); });
+  m.attr("_STREAM_PRIORITY_RANGE") =
+      py::make_tuple(device::kLowestStreamPriority, device::kHighestStreamPriority);
+}
+
+// Sharing max_device storages between processes (python/max_device/_sharing.py):
+// a shared device storage lives on a CPU buffer in shared memory.
+void bind_sharing(py::module_& m) {
+  auto storage_arg = [](const py::object& obj) -> const c10::Storage& {
+    if (!THPStorage_Check(obj.ptr())) throw py::type_error("expected a torch.UntypedStorage");
+    return THPStorage_Unpack(obj.ptr());
+  };
+  m.def("_adopted_host_storage", [storage_arg](const py::object& device_storage) -> py::object {
+    auto cpu = device::adopted_cpu_storage(storage_arg(device_storage));
+    if (!cpu) return py::none();
+    return py::reinterpret_steal<py::object>(THPStorage_Wrap(std::move(*cpu)));
+  });
+  m.def("_rehost", [storage_arg](const py::object& device_storage, const py::object& cpu_storage) {
+    device::rehost(storage_arg(device_storage), storage_arg(cpu_storage));
+  });
+  m.def("_adopt_host_tensor", [](const at::Tensor& cpu, int index) {
+    TORCH_CHECK(cpu.is_cpu(), "max_device: expected a CPU tensor, got one on ", cpu.device());
+    device::CurrentDeviceScope on(static_cast<c10::DeviceIndex>(index));
+    return device::device_tensor_on(device::adopt_cpu_storage(cpu.storage()), cpu);
   });
 }
 
@@ -337,6 +369,8 @@ void bind_plugins(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "max_device loader bindings (internal; use the max_device package)";
   maxdev::python::bind_device(m);
+  maxdev::python::bind_streams(m);
+  maxdev::python::bind_sharing(m);
   maxdev::python::bind_fallback(m);
   maxdev::python::bind_log(m);
   maxdev::python::bind_plugins(m);

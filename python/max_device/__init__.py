@@ -18,6 +18,7 @@ import torch
 from . import _C  # registers the device with PyTorch (allocator, guard, hooks, kernels)
 from . import _exit
 from ._device import register_device as _register_device
+from ._sharing import install as _install_sharing
 from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
                      PluginBusyError, PluginError, PluginNotFoundError, PluginStateError, SchemaError,
@@ -35,6 +36,7 @@ ABI_VERSION = _C.ABI_VERSION
 
 _register_device(DEVICE_NAME)
 _exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
+_install_sharing()
 
 __all__ = [
     "ABI_VERSION", "DEVICE_NAME",

@@ -13,24 +13,32 @@ def d(t):
     return t.to(DEVICE)
 
 
+# An index past the last device: max_device:<device_count()>.
+MISSING = torch.max_device.device_count()
+
+
 @pytest.mark.parametrize("make", [
-    lambda: torch.empty(2, device="max_device:1"),
-    lambda: torch.ones(2, device="max_device:1"),
-    lambda: torch.ones(2).to("max_device:1"),
-    lambda: torch.ones(2).max_device(1),
-    lambda: torch.Generator(device="max_device:1"),
-    lambda: torch.max_device.set_device(1),
-    lambda: torch.max_device.get_rng_state("max_device:1"),
-    lambda: torch.max_device.memory_stats(1),
-], ids=["empty", "ones", "to", "method", "generator", "set_device", "rng_state", "memory_stats"])
-def test_second_device_index(make):
-    with pytest.raises(IndexError, match="single device, max_device:0"):
+    lambda: torch.empty(2, device=f"max_device:{MISSING}"),
+    lambda: torch.ones(2, device=f"max_device:{MISSING}"),
+    lambda: torch.ones(2).to(f"max_device:{MISSING}"),
+    lambda: torch.ones(2).max_device(MISSING),
+    lambda: torch.Generator(device=f"max_device:{MISSING}"),
+    lambda: torch.max_device.set_device(MISSING),
+    lambda: torch.max_device.get_rng_state(f"max_device:{MISSING}"),
+    lambda: torch.max_device.memory_stats(MISSING),
+    lambda: torch.accelerator.memory_allocated(MISSING),
+    lambda: torch.Stream(device=f"max_device:{MISSING}"),
+], ids=["empty", "ones", "to", "method", "generator", "set_device", "rng_state", "memory_stats",
+        "accelerator_memory", "stream"])
+def test_missing_device_index_is_a_runtime_error(make):
+    # As on CUDA: a RuntimeError that says the ordinal is invalid (not an IndexError).
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
         make()
 
 
-def test_second_device_object_is_only_a_name():
+def test_missing_device_object_is_only_a_name():
     # torch.device does not consult the backend; using it does
-    assert torch.device("max_device:1").index == 1
+    assert torch.device(f"max_device:{MISSING}").index == MISSING
 
 
 @pytest.mark.parametrize("make", [
@@ -66,6 +74,20 @@ def test_unsupported_dtype_raises(make):
             make()
     message = str(info.value)
     assert "max_device" in message or "Quantizedmax_device" in message
+
+
+@pytest.mark.parametrize("quantize", [
+    lambda x: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8),
+    lambda x: torch.quantize_per_tensor_dynamic(x, torch.quint8, False),
+    lambda x: torch.quantize_per_channel(x.view(2, 2), torch.tensor([0.1, 0.2], device=DEVICE),
+                                         torch.tensor([0, 0], device=DEVICE), 0, torch.qint8),
+], ids=["per_tensor", "per_tensor_dynamic", "per_channel"])
+def test_quantizing_a_device_tensor_is_refused_at_op_time(quantize):
+    # Not a qint tensor on which every later op fails: the op itself raises.
+    x = d(torch.randn(4))
+    with pytest.raises(NotImplementedError, match="max_device does not support quantized tensors: aten::quantize"):
+        quantize(x)
+    assert x.dtype == torch.float32  # the argument is untouched
 
 
 def test_mixed_device_operands_tensor_iterator():

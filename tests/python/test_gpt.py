@@ -81,3 +81,20 @@ def test_model_built_on_device_has_the_cpu_weights():
     assert all(p.device.type == DEVICE for p in on_device.parameters())
     torch.testing.assert_close({k: v.cpu() for k, v in on_device.state_dict().items()},
                                on_cpu.state_dict(), rtol=0, atol=0)
+
+
+def test_checkpointed_training_matches_cpu(cpu_run):
+    # Activation checkpointing recomputes each block in backward: the same
+    # CPU kernels on the same bytes, so the run is still the CPU's bit for bit.
+    run = gpt.train(DEVICE, steps=TRAIN_STEPS, seed=SEED, checkpoint_blocks=True)
+    assert_matches_cpu(run, cpu_run, loss_atol=0, param_atol=0)
+
+
+def test_autocast_training_follows_the_float32_run(cpu_run):
+    # bfloat16 matmuls (8-bit mantissa): losses stay within bfloat16 rounding
+    # of the float32 run and go down; the weights stay float32.
+    run = gpt.train(DEVICE, steps=TRAIN_STEPS, seed=SEED, autocast_dtype=torch.bfloat16)
+    torch.testing.assert_close(torch.tensor(run.losses), torch.tensor(cpu_run.losses), rtol=0, atol=0.05)
+    assert run.losses != cpu_run.losses, "autocast changed nothing: the matmuls did not run in bfloat16"
+    assert run.losses[-1] < 0.95 * run.losses[0]
+    assert all(p.dtype == torch.float32 for p in run.parameters.values())
