@@ -132,7 +132,9 @@ PluginRegistry& PluginRegistry::instance() {
 }
 
 namespace {
-bool fork_took_change_lock = false;  // only the forking thread runs the fork handlers
+// Whether this thread's fork took the change lock. Per thread: two threads
+// may fork at once, and each runs its own fork handlers.
+thread_local bool fork_took_change_lock = false;
 }  // namespace
 
 // fork() copies only the forking thread. A lock another thread holds would
