@@ -20,11 +20,27 @@ and the new one holds nothing that needs the GIL.
 """
 
 import atexit
+import os
 
 import torch
 
 
+def _autograd_device_threads_started() -> bool:
+    """Whether PyTorch's engine has started its device threads (it starts
+    them all at the first backward that needs one): none, nothing to drain."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith("pt_autograd_"):
+                    return True
+        except OSError:
+            continue  # the thread ended meanwhile
+    return False
+
+
 def drain_autograd_device_threads(device_type: str, device_count: int) -> None:
+    if not _autograd_device_threads_started():
+        return
     engine = torch.autograd.graph.Variable._execution_engine
     for index in range(device_count):
         leaf = torch.zeros((), device=torch.device(device_type, index), requires_grad=True)
