@@ -80,8 +80,9 @@ SAN_ASAN_PYTEST ?=
 # pytest under TSan: the tests that run threads (plugin threads, hot swap,
 # the watcher), load/unload/swap/override/validate plugins (the bad-plugin
 # corpus, kernel faults and trust checks included), change the fallback and
-# move data zero-copy; OpInfo and the pure op, dtype, view and factory tests
-# run no thread or loader path that these do not.
+# move data zero-copy, rebuild plugins under watch and reload loops (4
+# rebuilds per writer under TSan), fork and exit; OpInfo and the pure op,
+# dtype, view and factory tests run no thread or loader path that these do not.
 SAN_TSAN_PYTEST ?= tests/python/test_plugin_threads.py tests/python/test_hot_swap.py \
   tests/python/test_watch.py tests/python/test_overrides.py tests/python/test_validation.py \
   tests/python/test_plugin_lifecycle.py \
@@ -90,7 +91,9 @@ SAN_TSAN_PYTEST ?= tests/python/test_plugin_threads.py tests/python/test_hot_swa
   tests/python/test_plugin_custom_op.py tests/python/test_plugin_listing.py \
   tests/python/test_plugin_reference_ops.py tests/python/test_fallback_policy.py \
   tests/python/test_zero_copy.py tests/python/test_memory.py tests/python/test_generator.py \
-  tests/python/test_logging.py tests/python/test_autograd.py
+  tests/python/test_logging.py tests/python/test_autograd.py \
+  tests/python/test_process_life.py tests/python/test_rebuild_safety.py tests/python/test_rebuild_stress.py \
+  tests/python/test_plugin_files.py
 
 build-asan/Makefile: $(STAMPS)/venv CMakeLists.txt
 	cmake -S . -B build-asan -DPython3_EXECUTABLE=$(CURDIR)/$(PY) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -114,7 +117,7 @@ sanitize-asan: sanitize-build-asan
 
 sanitize-tsan: sanitize-build-tsan
 	$(SAN_RUN) tsan build-tsan cpp
-	$(SAN_RUN) tsan build-tsan python $(SAN_TSAN_PYTEST)
+	MAXDEV_REBUILDS=4 $(SAN_RUN) tsan build-tsan python $(SAN_TSAN_PYTEST)
 
 # No leak per plugin load/unload cycle (LeakSanitizer, 1 vs 50 cycles; see
 # tests/sanitizers/leak_check.sh). Uses the plain build: about 30 s.
