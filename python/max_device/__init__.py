@@ -20,6 +20,7 @@ from ._device import register_device as _register_device
 from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
                      PluginError, PluginNotFoundError, PluginStateError, SchemaError, UntrustedPluginError)
+from .discovery import InstalledPlugin, available_plugins
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
 from .validation import ValidationError
@@ -33,11 +34,18 @@ ABI_VERSION = _C.ABI_VERSION
 
 _register_device(DEVICE_NAME)
 
+
+def _autoload() -> None:
+    """The ``torch.backends`` entry point of the installed package: ``import
+    torch`` imports max_device, which registers the device
+    (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns it off)."""
+
+
 __all__ = [
     "ABI_VERSION", "DEVICE_NAME",
     # plugins
-    "Manifest", "Plugin", "get_plugin", "inspect", "list_ops", "list_plugins", "load_plugin",
-    "reload_plugin", "rollback_plugin", "unload_plugin", "plugin_path", "set_plugin_path",
+    "InstalledPlugin", "Manifest", "Plugin", "available_plugins", "get_plugin", "inspect", "list_ops",
+    "list_plugins", "load_plugin", "reload_plugin", "rollback_plugin", "unload_plugin", "plugin_path", "set_plugin_path",
     "kernel_checks", "set_kernel_checks",
     # overrides
     "Override", "override", "restore",
