@@ -35,12 +35,6 @@ ABI_VERSION = _C.ABI_VERSION
 _register_device(DEVICE_NAME)
 
 
-def _autoload() -> None:
-    """The ``torch.backends`` entry point of the installed package: ``import
-    torch`` imports max_device, which registers the device
-    (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns it off)."""
-
-
 __all__ = [
     "ABI_VERSION", "DEVICE_NAME",
     # plugins
