@@ -201,11 +201,11 @@ def pip_install(python, *wheels):
                     *map(str, wheels)], check=True)
 
 
-def run_in_venv(python, code, env=None, timeout=120):
+def run_in_venv(python, code, env=None, args=(), timeout=120):
     """Run `code` with the venv's python from outside the checkout, with no
     PYTHONPATH: it imports only what the venv holds or its .pth names."""
     full_env = {k: v for k, v in os.environ.items()
                 if k not in ("PYTHONPATH", "MAX_DEVICE_FALLBACK", "MAX_DEVICE_LOG_LEVEL", "MAX_DEVICE_PLUGIN_PATH")}
     full_env.update(env or {})
-    return subprocess.run([python, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([python, "-c", code, *args], env=full_env, capture_output=True, text=True, timeout=timeout,
                           cwd=os.path.dirname(python))
