@@ -37,6 +37,7 @@ process: a full run's crash survey found copies of conjugated tensors
 recursing until the stack overflowed, since fixed.)
 """
 
+import copy
 import itertools
 import os
 
@@ -151,18 +152,25 @@ def _reference_opinfos():
     return [op for op in op_db if id(op) in served]
 
 
-def _known_case_overrides(config):
-    """KNOWN_FAILURES (strict xfail) and KNOWN_SKIPS as
-    PrivateUse1TestBase.op_overrides: OpInfo full name -> DecorateInfos for
-    this configuration."""
+def _with_known_cases(selected, config):
+    """Copies of the `selected` OpInfos carrying KNOWN_FAILURES (strict xfail)
+    and KNOWN_SKIPS of this configuration as DecorateInfos. (PyTorch 2.13's
+    PrivateUse1TestBase.set_test_configs(op_overrides=...) does the same;
+    2.12 has no such hook, and OpInfo decorators work in every version.)"""
     overrides = {}
     for table, mark in ((KNOWN_FAILURES, lambda reason: pytest.mark.xfail(strict=True, reason=reason)),
                         (KNOWN_SKIPS, lambda reason: pytest.mark.skip(reason=reason))):
         for (test, op_name, dtype, only_config), reason in table.items():
-            if only_config in (None, config):
+            if only_config in (None, config) and reason is not None:
                 overrides.setdefault(op_name, []).append(DecorateInfo(
                     mark(reason), test_name=test, dtypes=None if dtype is None else (dtype,)))
-    return overrides
+    decorated = []
+    for op in selected:
+        if op.full_name in overrides:
+            op = copy.copy(op)
+            op.decorators = tuple(op.decorators) + tuple(overrides[op.full_name])
+        decorated.append(op)
+    return decorated
 
 
 def _samples(op, dtype):
@@ -352,7 +360,7 @@ def _instantiate(config, selected, dtypes):
     """TestOpInfo<config>MAX_DEVICE: the checks over `selected` OpInfos, by
     PyTorch's device-generic machinery, with the known failures and crashes marked."""
     generic_name = f"TestOpInfo{config}"
-    selected = _op_shard(selected)
+    selected = _with_known_cases(_op_shard(selected), config)
     with_errors = [op for op in selected if op.error_inputs_func is not None]
     # (ops() fails on an OpInfo with no dtype at all when dtypes is a filter.)
     selected = [op for op in selected if op.supported_dtypes("cpu")]
@@ -385,11 +393,7 @@ def _instantiate(config, selected, dtypes):
 
     Generic.__name__ = Generic.__qualname__ = generic_name
     scope = {generic_name: Generic}
-    PrivateUse1TestBase.set_test_configs(op_overrides=_known_case_overrides(config))
-    try:
-        instantiate_device_type_tests(Generic, scope, only_for="privateuse1")
-    finally:
-        PrivateUse1TestBase.set_test_configs()  # the overrides are for this class only
+    instantiate_device_type_tests(Generic, scope, only_for="privateuse1")
     return scope[generic_name + "MAX_DEVICE"]
 
 
