@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -188,3 +189,16 @@ print(json.dumps(out))
     assert kind == "PluginError" and "declared by 2 installed packages" in message
     assert DISTRIBUTION in message and "other_reference" in message
     assert got["loaded"] == []
+
+
+def test_python_helper_makes_the_same_wheel_as_cmake(plugin_file, reference_wheel, tmp_path):
+    """`python -m max_device wheel` (name and version from the manifest) and
+    max_device_add_plugin_wheel run the same builder: byte for byte the same
+    wheel (fixed timestamps)."""
+    run = subprocess.run([sys.executable, "-m", "max_device", "wheel", plugin_file("reference"),
+                          "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=PYTHON_DIR))
+    assert run.returncode == 0, run.stderr
+    wheel = run.stdout.strip().splitlines()[-1]
+    assert os.path.basename(wheel) == os.path.basename(reference_wheel)
+    assert sha256(wheel) == sha256(reference_wheel)
