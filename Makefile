@@ -78,7 +78,9 @@ COMPAT_BUILD = build-compat-$(TORCH)
 test-compat: build
 	@[ -n "$(TORCH)" ] || { echo "usage: make test-compat TORCH=2.14.1" >&2; exit 2; }
 	@[ -x $(COMPAT_VENV)/bin/python ] || $(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install -q torch==$(TORCH) $$(grep -v '^torch==' requirements.txt | grep -v '^#')
+	@# setuptools with bdist_wheel for test_package.py's pip wheel (torch 2.12 wants <82).
+	$(COMPAT_VENV)/bin/python -m pip install -q torch==$(TORCH) 'setuptools>=70.1' \
+	  $$(grep -v '^torch==' requirements.txt | grep -v '^#')
 	cmake -S . -B $(COMPAT_BUILD) -DPython3_EXECUTABLE=$(COMPAT_VENV)/bin/python -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DMAXDEV_BUILD_BENCH=OFF -DMAXDEV_PACKAGE_DIR=$(CURDIR)/$(COMPAT_BUILD)/python/max_device
 	cmake --build $(COMPAT_BUILD) -j $(JOBS)
