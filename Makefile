@@ -12,7 +12,7 @@ JOBS ?= $(shell nproc)
 APT_PACKAGES := cmake g++ make pkg-config ccache libboost-dev libspdlog-dev libelf-dev libgtest-dev binutils
 STAMPS := $(BUILD)/.stamps
 
-.PHONY: all deps build demo test test-cpp test-python bench clean \
+.PHONY: all deps build demo test test-cpp test-python test-compat bench clean \
         sanitize sanitize-asan sanitize-tsan sanitize-build-asan sanitize-build-tsan sanitize-clean \
         leak-check fuzz fuzz-ci fuzz-build fuzz-seeds fuzz-clean
 
@@ -62,6 +62,29 @@ test-python: build
 	MAXDEV_BUILD_DIR=$(CURDIR)/$(BUILD) $(PY) -m pytest tests/python -q -ra
 
 test: test-cpp test-python
+
+# --- Another PyTorch: make test-compat TORCH=2.14.1 (not in CI) ------------
+# Its own venv (COMPAT_DIR/venv-TORCH, outside the repository: PyPI's CUDA
+# wheels are several GB, and never a dependency of `make test`) and build tree
+# (build-compat-TORCH, whose package goes to build-compat-TORCH/python), then
+# ctest, pytest, and the cross-version test: this build's loader loads the
+# plugins of the default build/ (built against the default torch) and checks
+# them (tests/python/test_cross_version.py).
+TORCH ?=
+COMPAT_DIR ?= $(abspath $(CURDIR)/..)/compat
+COMPAT_VENV = $(COMPAT_DIR)/venv-$(TORCH)
+COMPAT_BUILD = build-compat-$(TORCH)
+
+test-compat: build
+	@[ -n "$(TORCH)" ] || { echo "usage: make test-compat TORCH=2.14.1" >&2; exit 2; }
+	@[ -x $(COMPAT_VENV)/bin/python ] || $(PYTHON) -m venv $(COMPAT_VENV)
+	@# setuptools with bdist_wheel for test_package.py's pip wheel (torch 2.12 wants <82).
+	$(COMPAT_VENV)/bin/python -m pip install -q torch==$(TORCH) 'setuptools>=70.1' \
+	  $$(grep -v '^torch==' requirements.txt | grep -v '^#')
+	cmake -S . -B $(COMPAT_BUILD) -DPython3_EXECUTABLE=$(COMPAT_VENV)/bin/python -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMAXDEV_BUILD_BENCH=OFF -DMAXDEV_PACKAGE_DIR=$(CURDIR)/$(COMPAT_BUILD)/python/max_device
+	cmake --build $(COMPAT_BUILD) -j $(JOBS)
+	PY=$(COMPAT_VENV)/bin/python tests/compat/run.sh $(COMPAT_BUILD) $(BUILD)
 
 bench: build
 	$(PY) bench/run_all.py

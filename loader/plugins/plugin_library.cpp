@@ -49,10 +49,19 @@ std::string quoted(const std::string& s) {
 PluginLibrary::PluginLibrary(const std::string& snapshot_path, const Manifest& manifest, const ErrorContext& ctx)
     : path_(snapshot_path) {
   namespace dll = boost::dll;
-  try {
-    library_.load(dll::fs::path(snapshot_path), dll::load_mode::rtld_now | dll::load_mode::rtld_local);
-  } catch (const std::exception& e) {
-    ctx.fail(ErrorKind::bad_image, std::string("cannot load the library: ") + e.what());
+  const dll::fs::path path(snapshot_path);
+  dll::fs::error_code error;
+  // An exception thrown by a plugin's static constructor escapes from inside
+  // dlopen, whose frames cannot be unwound safely (glibc still holds its
+  // loader lock). Whether it reached a handler here used to depend on how the
+  // compiler laid out this function; noexcept makes it std::terminate always.
+  [&]() noexcept { library_.load(path, dll::load_mode::rtld_now | dll::load_mode::rtld_local, error); }();
+  if (error) {
+    try {
+      dll::detail::report_error(error, "boost::dll::shared_library::load() failed");  // with dlerror's text
+    } catch (const std::exception& e) {
+      ctx.fail(ErrorKind::bad_image, std::string("cannot load the library: ") + e.what());
+    }
   }
   if (!library_.has(MAXDEV_ENTRY_SYMBOL)) {
     ctx.fail(ErrorKind::bad_image, "does not export the entry point " MAXDEV_ENTRY_SYMBOL);

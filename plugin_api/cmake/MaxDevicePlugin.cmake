@@ -82,3 +82,55 @@ function(max_device_add_plugin target)
     "LINKER:--version-script=${map}"
     "LINKER:-z,defs")
 endfunction()
+
+# max_device_add_plugin_wheel(<target> VERSION <version> [NAME <name>]
+#                             [PACKAGE <package>] [OUTPUT_DIRECTORY <dir>])
+#
+# Packages the plugin <target> (made by max_device_add_plugin) as a Python
+# wheel whenever it is rebuilt: target <target>_wheel, part of the default
+# build. Installed with pip, the wheel declares the entry point
+# `<name> = <package>:lib<target>.so` in the group max_device.plugins, so
+# max_device.load_plugin("<name>") finds it and max_device.available_plugins()
+# lists it. NAME defaults to <target>, PACKAGE to max_device_plugin_<name>,
+# OUTPUT_DIRECTORY to <current binary dir>/wheels. Needs a Python 3
+# interpreter (Python3_EXECUTABLE, else found), no torch; the work is done by
+# max_device_plugin_wheel.py next to this file.
+set(MAXDEV_PLUGIN_WHEEL_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/max_device_plugin_wheel.py" CACHE INTERNAL
+    "max_device_plugin_wheel.py of the MaxDevicePlugin package")
+
+function(max_device_add_plugin_wheel target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "NAME;VERSION;PACKAGE;OUTPUT_DIRECTORY" "")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR
+      "max_device_add_plugin_wheel(${target}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT TARGET ${target})
+    message(FATAL_ERROR "max_device_add_plugin_wheel(${target}): no target ${target} "
+                        "(create it with max_device_add_plugin first)")
+  endif()
+  if(NOT arg_VERSION)
+    message(FATAL_ERROR "max_device_add_plugin_wheel(${target}): VERSION is required")
+  endif()
+  if(NOT arg_NAME)
+    set(arg_NAME ${target})
+  endif()
+  if(NOT arg_OUTPUT_DIRECTORY)
+    set(arg_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/wheels")
+  endif()
+  set(package_args "")
+  if(arg_PACKAGE)
+    set(package_args --package ${arg_PACKAGE})
+  endif()
+  if(NOT Python3_EXECUTABLE)
+    find_package(Python3 REQUIRED COMPONENTS Interpreter)
+  endif()
+  set(stamp "${CMAKE_CURRENT_BINARY_DIR}/${target}.wheel.stamp")
+  add_custom_command(OUTPUT "${stamp}"
+    COMMAND "${Python3_EXECUTABLE}" "${MAXDEV_PLUGIN_WHEEL_SCRIPT}" "$<TARGET_FILE:${target}>"
+            --name ${arg_NAME} --version ${arg_VERSION} --out-dir "${arg_OUTPUT_DIRECTORY}" ${package_args}
+    COMMAND "${CMAKE_COMMAND}" -E touch "${stamp}"
+    DEPENDS ${target} "${MAXDEV_PLUGIN_WHEEL_SCRIPT}"
+    COMMENT "Packaging plugin ${target} as a Python wheel in ${arg_OUTPUT_DIRECTORY}"
+    VERBATIM)
+  add_custom_target(${target}_wheel ALL DEPENDS "${stamp}")
+endfunction()

@@ -23,6 +23,7 @@ from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
                      PluginBusyError, PluginError, PluginNotFoundError, PluginStateError, SchemaError,
                      SnapshotError, UntrustedPluginError)
+from .discovery import InstalledPlugin, available_plugins
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
 from .validation import ValidationError
@@ -38,11 +39,12 @@ _register_device(DEVICE_NAME)
 _exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
 _install_sharing()
 
+
 __all__ = [
     "ABI_VERSION", "DEVICE_NAME",
     # plugins
-    "Manifest", "Plugin", "get_plugin", "inspect", "list_ops", "list_plugins", "load_plugin",
-    "reload_plugin", "rollback_plugin", "unload_plugin", "plugin_path", "set_plugin_path",
+    "InstalledPlugin", "Manifest", "Plugin", "available_plugins", "get_plugin", "inspect", "list_ops",
+    "list_plugins", "load_plugin", "reload_plugin", "rollback_plugin", "unload_plugin", "plugin_path", "set_plugin_path",
     "kernel_checks", "set_kernel_checks",
     # overrides
     "Override", "override", "restore",

@@ -7,6 +7,9 @@
   python -m max_device coverage [PLUGIN...]  how each core aten op runs: plugin, max_device,
                                          composite, CPU fallback, or not at all
   python -m max_device watch PLUGIN...   load plugin files and reload each one whenever it is rebuilt
+  python -m max_device wheel PATH        package a plugin file as a Python wheel (entry point group
+                                         max_device.plugins), so that pip installs it and
+                                         load_plugin("name") finds it
   python -m max_device --cmake-dir       directory to pass as -DMaxDevicePlugin_DIR=
   python -m max_device --include-dir     directory holding max_device/plugin.h
 """
@@ -58,6 +61,12 @@ def main(argv=None) -> int:
     p_watch.add_argument("--validate", action="store_true", help="compare new kernels with the CPU before publish")
     p_watch.add_argument("--isolate", action="store_true", help="check new builds in a fresh interpreter")
     p_watch.add_argument("--seconds", type=float, default=None, help="stop after this long (default: Ctrl-C)")
+    p_wheel = sub.add_parser("wheel", help="package a plugin file as a Python wheel")
+    p_wheel.add_argument("path")
+    p_wheel.add_argument("--name", default=None, help="the name load_plugin() will take (default: its manifest's)")
+    p_wheel.add_argument("--version", default=None, help="the package version (default: its manifest's)")
+    p_wheel.add_argument("--out-dir", default=".", help="where to write the wheel")
+    p_wheel.add_argument("--package", default=None, help="import package (default max_device_plugin_<name>)")
     args = parser.parse_args(argv)
 
     if args.cmake_dir:
@@ -69,7 +78,8 @@ def main(argv=None) -> int:
 
     import max_device
 
-    commands = {"inspect": _inspect, "ops": _ops, "check": _check, "coverage": _coverage, "watch": _watch}
+    commands = {"inspect": _inspect, "ops": _ops, "check": _check, "coverage": _coverage, "watch": _watch,
+                "wheel": _wheel}
     if args.command not in commands:
         parser.print_help()
         return 2
@@ -88,6 +98,21 @@ def _inspect(max_device, args) -> int:
 def _ops(max_device, args) -> int:
     loaded = [max_device.load_plugin(path) for path in args.plugins]
     print(max_device.list_ops(*loaded))
+    return 0
+
+
+def _wheel(max_device, args) -> int:
+    """The SDK's max_device_plugin_wheel.py (standard library only, also what
+    CMake's max_device_add_plugin_wheel runs), with defaults from the manifest."""
+    import importlib.util
+
+    script = os.path.join(_sdk_path("lib", "cmake", "MaxDevicePlugin"), "max_device_plugin_wheel.py")
+    spec = importlib.util.spec_from_file_location("max_device_plugin_wheel", script)
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    manifest = max_device.inspect(args.path)
+    print(builder.build_wheel(args.path, args.name or manifest.name, args.version or manifest.version,
+                              args.out_dir, args.package))
     return 0
 
 

@@ -5,7 +5,8 @@ Where plugin files come from: a path (anything containing a ``/``, such as
 up only in the plugin search path: the directories given to
 ``set_plugin_path()`` first, then those of ``MAX_DEVICE_PLUGIN_PATH``
 (colon-separated), in order; in each directory ``lib<name>.so`` then
-``<name>.so`` (a name ending in ``.so`` is that file). Bare names are never
+``<name>.so`` (a name ending in ``.so`` is that file); then among the
+plugins installed packages declare (``discovery.py``). Bare names are never
 looked up in the current directory or ``LD_LIBRARY_PATH``.
 """
 
@@ -17,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from . import _C
+from . import _C, discovery
 from ._structured import derived_variants
 from .errors import PluginNotFoundError, PluginStateError
 
@@ -86,10 +87,14 @@ def _resolve(path: PathArg) -> Tuple[str, str]:
             candidate = os.path.join(directory, filename)
             if os.path.exists(candidate):
                 return candidate, f"{source}: {directory}"
+    installed = discovery.find(path)  # after the explicit search path
+    if installed is not None:
+        return installed.path, installed.origin
     where = ", ".join(f"{d} ({source})" for d, source in searched) or \
         f"nothing: it is empty (set_plugin_path() and {PLUGIN_PATH_ENV} are unset)"
     raise PluginNotFoundError(
-        f"{path}: no {' or '.join(filenames)} in the plugin search path; searched {where}. Bare names are "
+        f"{path}: no {' or '.join(filenames)} in the plugin search path and no installed package declares it "
+        f"({discovery.ENTRY_POINT_GROUP} entry points); searched {where}. Bare names are "
         f"never looked up in the current directory or LD_LIBRARY_PATH: write './{path}' for a file here",
         file=path)
 

@@ -166,3 +166,46 @@ def op_stats(op):
             return (sum(l["calls"] for l in entry["layers"]),
                     sum(l["declines"] for l in entry["layers"]), entry["fallbacks"])
     return (0, 0, 0)
+
+
+# --- Temporary virtual environments ------------------------------------------
+# Installing into a fresh venv is what users do; these stay fast and offline:
+# no pip inside the venv (the running pip installs into it with --python),
+# --no-deps --no-index, and torch from the running environment (a .pth file,
+# which adds a directory without running its .pth files, so the development
+# checkout's max_device stays out unless asked for).
+
+TORCH_SITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+def sanitizer_preloaded():
+    """pip and CMake under a preloaded sanitizer runtime test nothing of ours."""
+    return any(name in os.environ.get("LD_PRELOAD", "") for name in ("libasan", "libtsan"))
+
+
+def make_venv(path, *site_dirs):
+    """A venv at `path` without pip that also imports from `site_dirs`;
+    returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = os.path.join(str(path), "bin", "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(purelib, "outside.pth"), "w", encoding="utf-8") as f:
+        f.write("".join(f"{d}\n" for d in site_dirs))
+    return python
+
+
+def pip_install(python, *wheels):
+    """Install wheel files into the venv of `python`: no dependencies, no index."""
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index",
+                    *map(str, wheels)], check=True)
+
+
+def run_in_venv(python, code, env=None, args=(), timeout=120):
+    """Run `code` with the venv's python from outside the checkout, with no
+    PYTHONPATH: it imports only what the venv holds or its .pth names."""
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("PYTHONPATH", "MAX_DEVICE_FALLBACK", "MAX_DEVICE_LOG_LEVEL", "MAX_DEVICE_PLUGIN_PATH")}
+    full_env.update(env or {})
+    return subprocess.run([python, "-c", code, *args], env=full_env, capture_output=True, text=True, timeout=timeout,
+                          cwd=os.path.dirname(python))

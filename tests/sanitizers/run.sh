@@ -76,19 +76,8 @@ case $suite in
     exec ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@"
     ;;
   python)
-    pkg_src=$repo/python/max_device
     pkg=$tree/python/max_device
-    [[ -n $(compgen -G "$pkg/_C*.so") ]] || { echo "$pkg has no _C module: build the tree first" >&2; exit 2; }
-    # Refresh the symlinks to the Python sources (files may come and go).
-    find "$pkg" -maxdepth 1 -type l -delete
-    for f in "$pkg_src"/*; do
-      case ${f##*/} in
-        *.so|sdk|__pycache__) ;;
-        *) ln -s "$f" "$pkg/${f##*/}" ;;
-      esac
-    done
-    # The plugin SDK inside the package, as `make build` does for python/.
-    cmake --install "$tree" --component plugin_api --prefix "$pkg/sdk" >/dev/null
+    "$repo/tests/link_package.sh" "$tree"
     export PYTHONPATH=$tree/python${PYTHONPATH:+:$PYTHONPATH}
     export MAXDEV_BUILD_DIR=$tree
     # The sanitized package, not python/'s, or the run means nothing.
