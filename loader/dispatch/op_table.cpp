@@ -122,6 +122,8 @@ void OpTable::retire(const std::string& op) {
   for (auto& s : slots_) {
     if (s->retired || s->name != op) continue;
     s->registration.reset();
+    s->custom_op_kernels.reset();
+    s->has_meta_kernel = s->has_autograd_kernel = false;
     s->retired = true;  // a redefinition gets a new slot
     log::debug("trampoline removed for " + op);
   }

@@ -37,6 +37,15 @@ class Provider {
   // true; or declines: returns false with the stack untouched.
   virtual bool run(const OpSlot& slot, torch::jit::Stack* stack) = 0;
 
+  // For ops a plugin defines (dispatch/custom_op_kernels.h): runs the op's
+  // meta function on meta tensors like run(), or returns false when this
+  // provider has none; and the op that computes its gradients ("" for none).
+  virtual bool run_meta(const OpSlot&, torch::jit::Stack*) { return false; }
+  virtual const std::string& backward_op() const {
+    static const std::string none;
+    return none;
+  }
+
   const std::string& owner() const { return owner_; }  // "reference@1.0.0"
   const std::string& kind() const { return kind_; }    // "plugin", "override"
 
@@ -61,6 +70,8 @@ struct OpSlot {
   c10::OperatorHandle op;
   OpSignature sig;
   std::unique_ptr<torch::Library> registration;  // the trampoline
+  std::unique_ptr<torch::Library> custom_op_kernels;  // Meta and Autograd kernels of a plugin-defined op
+  bool has_meta_kernel = false, has_autograd_kernel = false;
   bool has_cpu_kernel = true;  // else a call every provider declines has nowhere to go
   bool retired = false;  // its op's schema went away; never found again (writers only)
 };

@@ -95,6 +95,7 @@ py::dict plugin_info(const plugins::PluginInfo& info) {
   d["path"] = info.path;
   d["origin"] = info.origin;
   d["allow_untrusted"] = info.allow_untrusted;
+  d["allow_composite"] = info.allow_composite;
   d["snapshot"] = info.snapshot;
   d["sha256"] = info.sha256;
   d["abi"] = std::to_string(info.abi_major) + "." + std::to_string(info.abi_minor);
@@ -182,23 +183,25 @@ void bind_plugins(py::module_& m) {
   dispatch::set_kernel_error_hook(&raise_kernel_error);
   m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name, py::object before_open,
                            py::object before_publish, const std::string& origin, std::optional<std::string> sha256,
-                           bool allow_untrusted) {
+                           bool allow_untrusted, bool allow_composite) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
-    const plugins::LoadOptions options{origin, std::move(sha256), allow_untrusted};
+    const plugins::LoadOptions options{origin, std::move(sha256), allow_untrusted, allow_composite};
     return change_plugin([&] { return plugins::PluginRegistry::instance().load(path, name, checks, options); });
   }, py::arg("path"), py::arg("name") = py::none(), py::arg("before_open") = py::none(),
      py::arg("before_publish") = py::none(), py::arg("origin") = "path", py::arg("sha256") = py::none(),
-     py::arg("allow_untrusted") = false);
+     py::arg("allow_untrusted") = false, py::arg("allow_composite") = false);
   m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force,
                              py::object before_open, py::object before_publish, std::optional<std::string> origin,
-                             std::optional<std::string> sha256, std::optional<bool> allow_untrusted) {
+                             std::optional<std::string> sha256, std::optional<bool> allow_untrusted,
+                             std::optional<bool> allow_composite) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
     const plugins::ReloadOptions options{std::move(path), force, std::move(origin), std::move(sha256),
-                                         allow_untrusted};
+                                         allow_untrusted, allow_composite};
     return change_plugin([&] { return plugins::PluginRegistry::instance().reload(name, options, checks); });
   }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false,
      py::arg("before_open") = py::none(), py::arg("before_publish") = py::none(), py::arg("origin") = py::none(),
-     py::arg("sha256") = py::none(), py::arg("allow_untrusted") = py::none());
+     py::arg("sha256") = py::none(), py::arg("allow_untrusted") = py::none(),
+     py::arg("allow_composite") = py::none());
   m.def("_rollback_plugin", [](const std::string& name) {
     return change_plugin([&] { return plugins::PluginRegistry::instance().rollback(name); });
   });
