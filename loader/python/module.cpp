@@ -8,6 +8,7 @@
 #include "device/allocator.h"
 #include "device/generator.h"
 #include "dispatch/cpu_fallback.h"
+#include "dispatch/dispatch_kind.h"
 #include "dispatch/kernel_provider.h"
 #include "dispatch/op_table.h"
 #include "plugins/errors.h"
@@ -261,6 +262,7 @@ void bind_plugins(py::module_& m) {
     }
     return out;
   });
+  m.def("_overload_to_serve", &dispatch::overload_to_serve);
   m.def("_inspect", [](const std::string& path) { return manifest_dict(plugins::PluginRegistry::inspect(path)); });
   py::class_<plugins::Watcher>(m, "_Watcher")
       .def(py::init([](const std::string& target, double debounce_seconds) {

@@ -105,8 +105,11 @@ class Manifest:
 
     def __str__(self) -> str:
         lines = [f"{self.name} {self.version} (plugin ABI {self.abi}), {len(self.kernels)} kernels"]
+        from .testing import kernel_capabilities
         for k in self.kernels:
-            lines.append(f"  {k.op}" + (f"  defines: {k.schema}" if k.schema else ""))
+            caps = kernel_capabilities(k)
+            declared = f"  [{','.join(caps['dtypes'])}" + (f"; {','.join(caps['flags'])}]" if caps["flags"] else "]")
+            lines.append(f"  {k.op}{declared}" + (f"  defines: {k.schema}" if k.schema else ""))
         return "\n".join(lines)
 
 
@@ -123,6 +126,8 @@ class Plugin:
                       doc="how the file was found: 'path', or the search path entry that held it")
     allow_untrusted = property(lambda self: self._info["allow_untrusted"],
                                doc="loaded with the ownership and permission checks waived")
+    allow_composite = property(lambda self: self._info["allow_composite"],
+                               doc="kernels on CompositeImplicitAutograd ops accepted (forward only)")
     snapshot = property(lambda self: self._info["snapshot"], doc="the private copy that is mapped")
     sha256 = property(lambda self: self._info["sha256"])
     abi = property(lambda self: self._info["abi"])
@@ -161,19 +166,21 @@ class Plugin:
                 f"({len(self.ops)} ops, sha256 {self.sha256[:12]}){state}>")
 
 
-def _checks(path: str, plugin: str, validate: bool, isolate: bool, timeout: float) -> dict:
+def _checks(path: str, plugin: str, validate: bool, isolate: bool, timeout: float, samples=None,
+            references=None) -> dict:
     from . import validation
     checks = {}
     if isolate:
         checks["before_open"] = validation.isolated_check(path, plugin, validate, timeout)
     elif validate:
-        checks["before_publish"] = validation.validate_in_process(path, plugin)
+        checks["before_publish"] = validation.validate_in_process(path, plugin, samples=samples,
+                                                                  references=references)
     return checks
 
 
 def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, sha256: Optional[str] = None,
                 allow_untrusted: bool = False, validate: bool = False, isolate: bool = False,
-                timeout: float = 120.0) -> Plugin:
+                timeout: float = 120.0, allow_composite: bool = False, samples=None, references=None) -> Plugin:
     """Load a plugin library and put its kernels on top of each op's stack.
 
     ``path`` is a file path, or a bare name looked up in the plugin search
@@ -196,13 +203,20 @@ def load_plugin(path: Union[str, os.PathLike], *, name: Optional[str] = None, sh
     the exact snapshot in a child process (``timeout`` seconds), so a plugin
     whose constructors or kernels crash or hang is refused while this
     process lives; with ``validate`` the comparison runs there too.
+    ``samples``/``references`` (dicts, or a samples file) check custom ops
+    in ``validate``, as in ``testing.check_plugin``.
+
+    A kernel on a CompositeImplicitAutograd op (``aten::softmax.int``) is
+    refused (``SchemaError`` naming the overload to serve instead): PyTorch
+    would run it for the forward and drop the gradients. ``allow_composite``
+    accepts such kernels for forward-only use (a warning per op).
     """
     path, origin = _resolve(path)
     pinned = _pinned(sha256)
-    checks = _checks(path, name or inspect(path).name, validate, isolate, timeout) \
+    checks = _checks(path, name or inspect(path).name, validate, isolate, timeout, samples, references) \
         if validate or isolate else {}
     info = _C._load_plugin(path, name, origin=origin, sha256=pinned, allow_untrusted=allow_untrusted,
-                           **checks)
+                           allow_composite=allow_composite, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
@@ -223,7 +237,8 @@ def unload_plugin(plugin: Union[Plugin, str]) -> dict:
 
 def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathLike]] = None, *,
                   force: bool = False, sha256: Optional[str] = None, allow_untrusted: Optional[bool] = None,
-                  validate: bool = False, isolate: bool = False, timeout: float = 120.0) -> Plugin:
+                  validate: bool = False, isolate: bool = False, timeout: float = 120.0,
+                  allow_composite: Optional[bool] = None, samples=None, references=None) -> Plugin:
     """Hot swap: load a new build of a loaded plugin and publish all its
     kernels in one atomic step.
 
@@ -236,15 +251,15 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[Union[str, os.PathL
     stay mapped for ``rollback_plugin``. ``validate`` and ``isolate`` check
     the new version before it goes live, as in ``load_plugin``. ``path``
     may be a bare name (search path), ``sha256`` pins the new content and
-    ``allow_untrusted`` defaults to what the current version was loaded
-    with."""
+    ``allow_untrusted`` and ``allow_composite`` default to what the current
+    version was loaded with; ``samples``/``references`` as in load_plugin."""
     name = _name_of(plugin)
     path, origin = (None, None) if path is None else _resolve(path)
     pinned = _pinned(sha256)
-    checks = _checks(path or get_plugin(name).path, name, validate, isolate, timeout) \
+    checks = _checks(path or get_plugin(name).path, name, validate, isolate, timeout, samples, references) \
         if validate or isolate else {}
     info = _C._reload_plugin(name, path, force, origin=origin, sha256=pinned,
-                             allow_untrusted=allow_untrusted, **checks)
+                             allow_untrusted=allow_untrusted, allow_composite=allow_composite, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 

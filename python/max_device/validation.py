@@ -41,11 +41,11 @@ def _format(report) -> str:
     return "\n".join(lines)
 
 
-def validate_in_process(path: str, plugin: str) -> Callable[[List[str]], None]:
+def validate_in_process(path: str, plugin: str, **check_options) -> Callable[[List[str]], None]:
     """The registry's before_publish check for ``validate=True``."""
     def check(ops: List[str]) -> None:
         # No owner: the staged version is not listed, so every sample is judged.
-        mismatches = [f for result in check_ops(ops) for f in result.failures]
+        mismatches = [f for result in check_ops(ops, **check_options) for f in result.failures]
         if mismatches:
             raise ValidationError(
                 f"plugin '{plugin}' ({path}): {len(mismatches)} OpInfo samples disagree with the CPU; "
