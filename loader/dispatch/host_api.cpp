@@ -140,6 +140,13 @@ maxdev_tensor tensor_view(const at::Tensor& t, bool writable) {
   char* first = t.is_meta() ? nullptr
                             : static_cast<char*>(writable ? t.mutable_data_ptr()
                                                           : const_cast<void*>(t.const_data_ptr()));
+  if (first == nullptr && !t.is_meta() && t.has_storage() && t.storage().data() != nullptr) {
+    // An empty tensor has no data pointer in ATen; its storage may still
+    // hold bytes (an out= of the wrong size): point at them, so a kernel
+    // that writes without resizing corrupts nothing outside the storage.
+    first = static_cast<char*>(writable ? t.storage().mutable_data() : const_cast<void*>(t.storage().data())) +
+            t.storage_offset() * itemsize;
+  }
   view.byte_offset = static_cast<uint64_t>(t.storage_offset() * itemsize);
   view.data = first == nullptr ? nullptr : first - view.byte_offset;
   view.device = {t.device().is_cpu() ? MAXDEV_DEVICE_CPU : MAXDEV_DEVICE_MAX, 0};

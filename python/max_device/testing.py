@@ -421,7 +421,9 @@ def _with_out(function, make_out):
 
 
 def _empty_out(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=t.dtype, device=t.device)
+    # Empty, over a storage big enough for the result: a kernel that writes
+    # without resizing shows a wrong result instead of corrupting the heap.
+    return torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[:0]
 
 
 def _wrong_size_out(t: torch.Tensor) -> torch.Tensor:

@@ -564,31 +564,10 @@ T scalar_value(const Tensor& t) {
 // or a partial overlap (no elementwise kernel can write that correctly).
 // ---------------------------------------------------------------------------
 
-enum class Overlap { none, same, partial };
+enum class Overlap { none = MAXDEV_OVERLAP_NONE, same = MAXDEV_OVERLAP_SAME, partial = MAXDEV_OVERLAP_PARTIAL };
 
 inline Overlap overlap(const Tensor& a, const Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return Overlap::none;
-  auto extent = [](const Tensor& t, const char*& lo, const char*& hi) {
-    const size_t item = (t.dtype().bits + 7u) / 8u;
-    int64_t low = 0, high = 0;
-    for (int64_t d = 0; d < t.ndim(); ++d) {
-      const int64_t span = (t.size(d) - 1) * t.stride(d);
-      (span < 0 ? low : high) += span;
-    }
-    lo = static_cast<const char*>(t.data_ptr()) + low * static_cast<int64_t>(item);
-    hi = static_cast<const char*>(t.data_ptr()) + (high + 1) * static_cast<int64_t>(item);
-  };
-  const char *alo, *ahi, *blo, *bhi;
-  extent(a, alo, ahi);
-  extent(b, blo, bhi);
-  if (ahi <= blo || bhi <= alo) return Overlap::none;
-  const bool same = a.data_ptr() == b.data_ptr() && a.ndim() == b.ndim() && same_dtype(a.dtype(), b.dtype()) &&
-                    [&] {
-                      for (int64_t d = 0; d < a.ndim(); ++d)
-                        if (a.size(d) != b.size(d) || (a.size(d) > 1 && a.stride(d) != b.stride(d))) return false;
-                      return true;
-                    }();
-  return same ? Overlap::same : Overlap::partial;
+  return static_cast<Overlap>(maxdev_tensor_overlap(a.raw(), b.raw()));
 }
 
 // Throws maxdev::Error (PyTorch's message) when `out` partially overlaps
