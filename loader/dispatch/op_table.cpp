@@ -104,6 +104,7 @@ OpSlot& OpTable::slot(const std::string& op) {
   Checked checked = validate(op);
   auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
   slot->has_cpu_kernel = checked.handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+  slot->composite_implicit = checked.handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
   const auto [name, overload] = split_name(op);
   const auto ns = name.substr(0, name.find("::"));
   slot->registration = std::make_unique<torch::Library>(
@@ -142,6 +143,17 @@ void OpTable::publish(std::unique_ptr<DispatchTable> table) {
   current_.store(owned_current_.get(), std::memory_order_release);
   synchronize();
   retired.reset();  // no call can see it any more
+  // A trampoline on a CompositeImplicitAutograd op (allowed by
+  // allow_composite) hides PyTorch's decomposition, and with it the op's
+  // gradients: it goes as soon as no provider serves the op.
+  std::lock_guard lock(slots_mutex_);
+  for (auto& s : slots_) {
+    if (s->retired || !s->composite_implicit) continue;
+    if (s->index < owned_current_->stacks.size() && !owned_current_->stacks[s->index].empty()) continue;
+    s->registration.reset();
+    s->retired = true;
+    log::debug("trampoline removed for " + s->name + " (composite implicit, no provider left)");
+  }
 }
 
 std::vector<const OpSlot*> OpTable::slots() const {

@@ -73,6 +73,7 @@ struct OpSlot {
   std::unique_ptr<torch::Library> custom_op_kernels;  // Meta and Autograd kernels of a plugin-defined op
   bool has_meta_kernel = false, has_autograd_kernel = false;
   bool has_cpu_kernel = true;  // else a call every provider declines has nowhere to go
+  bool composite_implicit = false;  // its trampoline is removed once no provider serves it
   bool retired = false;  // its op's schema went away; never found again (writers only)
 };
 

@@ -14,7 +14,8 @@
 //       torch.library.opcheck work on swiglu with no Python.
 //   aten::silu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 //       silu is structured, so this one kernel also serves silu and silu_.
-//       float32 or float64, any strides; resizes out= as PyTorch does.
+//       float32, contiguous (declared: the host declines the rest); resizes
+//       an explicit out= as PyTorch does.
 //
 // The plugin keeps a small state (from init, freed in teardown) that counts
 // calls, to show Call::state<T>(); kernels may run on several threads at
@@ -158,7 +159,7 @@ void silu_out(maxdev::Call& call) {
     "myplug::swiglu_backward(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)", \
     MAXDEV_SDK_KERNEL(swiglu_backward), MAXDEV_DTYPE_FLOAT32 | MAXDEV_DTYPE_FLOAT64, \
     MAXDEV_KERNEL_NO_CPU_TENSORS, MAXDEV_SDK_KERNEL(swiglu_backward_meta))     \
-  K("aten::silu.out", "", MAXDEV_SDK_KERNEL(silu_out), MAXDEV_DTYPE_FLOAT32 | MAXDEV_DTYPE_FLOAT64, \
-    MAXDEV_KERNEL_NO_CPU_TENSORS)
+  K("aten::silu.out", "", MAXDEV_SDK_KERNEL(silu_out), MAXDEV_DTYPE_FLOAT32,  \
+    MAXDEV_KERNEL_CONTIGUOUS_ONLY | MAXDEV_KERNEL_NO_CPU_TENSORS)
 
 MAXDEV_DEFINE_PLUGIN("sdk_example", "1.0.0", SDK_EXAMPLE_KERNELS, init, teardown)

@@ -95,3 +95,13 @@ def test_check_takes_a_file_in_the_current_directory_as_a_path(author_plugin, tm
     kernels = {k["op"]: k for k in data["kernels"]}
     assert kernels["aten::mul.out"] == {"op": "aten::mul.out", "dtypes": ["float32"],
                                         "flags": ["same_dtype", "no_cpu_tensors"]}
+
+
+def test_reload_validation_runs_the_same_checks_with_samples(author_plugin, load_plugin):
+    plugin = load_plugin(author_plugin("author_ok"), name="author", validate=True, samples=SAMPLES)
+    for mistake in ("swiglu_wrong", "softmax_no_max"):
+        op, variants = MISTAKES[mistake]
+        with pytest.raises(max_device.ValidationError) as caught:
+            plugin.reload(author_plugin(mistake), validate=True, samples=SAMPLES)
+        assert variants <= {f.variant for f in caught.value.report if f.op == op}
+    assert max_device.get_plugin("author").generation == 1  # the correct version still serves

@@ -72,3 +72,11 @@ def test_schema_says_which_overload_to_serve():
     assert out["kind"] == "structured out=" and out["serve"] == "aten::add.out" and out["autograd"] == "own formula"
     done = run_schema("no_such_op_anywhere")
     assert done.returncode == 1 and "no operator named" in done.stderr
+
+
+def test_unloading_the_opt_in_plugin_gives_softmax_its_gradients_back(composite_plugin):
+    max_device.unload_plugin(max_device.load_plugin(composite_plugin, allow_composite=True))
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::softmax.int", "PrivateUse1")
+    x = torch.randn(3, 4, device=DEVICE, requires_grad=True)
+    (torch.softmax(x, 1) * torch.arange(4.0, device=DEVICE)).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

@@ -73,14 +73,16 @@ def test_inspect_fields_and_str(plugin_file):
     rms, swiglu, _, silu = m.kernels
     assert rms.schema == "myplug::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor"
     assert silu.schema == ""
-    assert rms.dtypes != 0 and silu.dtypes == swiglu.dtypes != rms.dtypes  # float32 | float64, float32
+    assert rms.dtypes != 0 and silu.dtypes == rms.dtypes != swiglu.dtypes  # float32; float32 | float64
     assert rms.flags != 0
     text = str(m)
     assert text.splitlines()[0] == "sdk_example 1.0.0 (plugin ABI 1.1), 4 kernels"
     # each kernel's declared dtypes and flags
-    assert ("  myplug::rms_norm [float32; contiguous_only,no_cpu_tensors]  defines: "
+    assert ("  myplug::rms_norm  [float32; contiguous_only,no_cpu_tensors]  defines: "
             "myplug::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor") in text
-    assert "  aten::silu.out [float32,float64; no_cpu_tensors]" in text.splitlines()
+    assert "  aten::silu.out  [float32; contiguous_only,no_cpu_tensors]" in text.splitlines()
+    assert "  myplug::swiglu  [float32,float64; no_cpu_tensors]  defines: " \
+        "myplug::swiglu(Tensor gate, Tensor up) -> Tensor" in text
     assert max_device.list_plugins() == []  # inspect loads nothing
 
 
