@@ -1,6 +1,7 @@
 #include "dispatch/host_api.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
 
 #include <array>
 
@@ -68,9 +69,40 @@ maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype
     if (shape[d] < 0) return fail("negative size in dimension " + std::to_string(d));
   }
   try {
-    ctx->outputs[index] = at::detail::empty_generic(
-        c10::IntArrayRef(shape, static_cast<size_t>(ndim)), &device::allocator(),
-        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), *type, std::nullopt);
+    const c10::IntArrayRef sizes(shape, static_cast<size_t>(ndim));
+    ctx->outputs[index] = ctx->meta ? at::Tensor(at::detail::empty_meta(sizes, *type, std::nullopt))
+                                    : at::Tensor(at::detail::empty_generic(
+                                          sizes, &device::allocator(),
+                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), *type, std::nullopt));
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  ctx->output_views[index] = tensor_view(ctx->outputs[index], true);
+  ctx->output_ptrs[index] = &ctx->output_views[index];
+  *out = &ctx->output_views[index];
+  return MAXDEV_OK;
+}
+
+maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndim, const int64_t* shape,
+                            const maxdev_tensor** out) {
+  if (ctx == nullptr || out == nullptr) return MAXDEV_ERROR;
+  auto fail = [&](const std::string& why) {
+    ctx->error = "resize_output: " + why;
+    return MAXDEV_ERROR;
+  };
+  if (ctx->sig == nullptr) return fail("called outside a kernel call");
+  if (index < 0 || index >= static_cast<int32_t>(ctx->outputs.size())) {
+    return fail("output index " + std::to_string(index) + " out of range (the op returns " +
+                std::to_string(ctx->outputs.size()) + ")");
+  }
+  if (!ctx->output_aliased[index]) {
+    return fail("output " + std::to_string(index) + " is not an argument (out=) tensor; allocate it with alloc_output");
+  }
+  if (ndim < 0 || (ndim > 0 && shape == nullptr)) return fail("invalid shape");
+  try {
+    // PyTorch's rule for out=: resize an empty tensor silently, warn for a
+    // non-empty one of another shape.
+    at::native::resize_output(ctx->outputs[index], c10::IntArrayRef(shape, static_cast<size_t>(ndim)));
   } catch (const std::exception& e) {
     return fail(e.what());
   }
@@ -94,6 +126,7 @@ void log_message(maxdev_host_context* ctx, int32_t level, const char* message) {
 
 const maxdev_host_api kHostApi = {
     sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR, &alloc_output, &set_error, &log_message,
+    &resize_output,
 };
 
 }  // namespace
@@ -103,7 +136,17 @@ const maxdev_host_api* host_api() { return &kHostApi; }
 maxdev_tensor tensor_view(const at::Tensor& t, bool writable) {
   maxdev_tensor view{};
   const auto itemsize = static_cast<int64_t>(t.dtype().itemsize());
-  char* first = static_cast<char*>(writable ? t.mutable_data_ptr() : const_cast<void*>(t.const_data_ptr()));
+  // Meta tensors (a meta function's arguments) have shapes and no data.
+  char* first = t.is_meta() ? nullptr
+                            : static_cast<char*>(writable ? t.mutable_data_ptr()
+                                                          : const_cast<void*>(t.const_data_ptr()));
+  if (first == nullptr && !t.is_meta() && t.has_storage() && t.storage().data() != nullptr) {
+    // An empty tensor has no data pointer in ATen; its storage may still
+    // hold bytes (an out= of the wrong size): point at them, so a kernel
+    // that writes without resizing corrupts nothing outside the storage.
+    first = static_cast<char*>(writable ? t.storage().mutable_data() : const_cast<void*>(t.storage().data())) +
+            t.storage_offset() * itemsize;
+  }
   view.byte_offset = static_cast<uint64_t>(t.storage_offset() * itemsize);
   view.data = first == nullptr ? nullptr : first - view.byte_offset;
   view.device = {t.device().is_cpu() ? MAXDEV_DEVICE_CPU : MAXDEV_DEVICE_MAX, 0};

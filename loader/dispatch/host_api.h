@@ -15,7 +15,9 @@ struct maxdev_host_context {
   const std::string* plugin;             // the plugin's name, for logs and errors
   const maxdev::dispatch::OpSignature* sig = nullptr;  // null outside kernel calls
   std::string error;                     // set_error's message
-  // One slot per return of the op.
+  bool meta = false;                     // a meta function's call: outputs are meta tensors
+  // One slot per return of the op; an aliased one holds the argument
+  // tensor it aliases (resize_output resizes it).
   c10::SmallVector<at::Tensor, 2> outputs;
   c10::SmallVector<maxdev_tensor, 2> output_views;
   c10::SmallVector<const maxdev_tensor*, 2> output_ptrs;

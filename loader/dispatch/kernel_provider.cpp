@@ -199,6 +199,28 @@ class ReadOnlyDigests {
   std::vector<Digest> digests_;
 };
 
+// A meta tensor with t's sizes, strides and dtype; symbolic sizes (traced
+// with dynamic shapes) are specialized to their current values.
+at::Tensor concrete_meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  std::vector<int64_t> sizes, strides;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    sizes.push_back(t.sym_size(d).guard_int(__FILE__, __LINE__));
+    strides.push_back(t.sym_stride(d).guard_int(__FILE__, __LINE__));
+  }
+  return at::detail::empty_strided_meta(sizes, strides, t.scalar_type());
+}
+
+c10::IValue to_meta(const c10::IValue& v) {
+  if (v.isTensor()) return concrete_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorList()) list.push_back(concrete_meta(t));
+    return list;
+  }
+  return v;
+}
+
 // With kernel checks on: the read-only arguments are unchanged and the
 // allocated outputs have the shapes and dtypes of the op's meta kernel.
 void check_contract(const KernelOwner& owner, const OpSlot& slot, c10::ArrayRef<c10::IValue> args,
@@ -244,8 +266,73 @@ KernelProvider::KernelProvider(std::shared_ptr<const KernelOwner> owner, const m
     : Provider(owner->owner, "plugin"),
       owner_(std::move(owner)),
       fn_(kernel.fn),
+      meta_(kernel.meta),
+      backward_(kernel.backward != nullptr ? kernel.backward : ""),
       dtypes_(kernel.dtypes),
       flags_(kernel.flags) {}
+
+namespace {
+
+// The per-call context: one slot per return; an aliased return (in-place,
+// out=) starts as the argument tensor it aliases.
+void prepare_outputs(maxdev_host_context& ctx, const OpSignature& sig, c10::ArrayRef<c10::IValue> args,
+                     const CallFrame& frame) {
+  const size_t num_outputs = sig.return_aliases.size();
+  ctx.outputs.resize(num_outputs);
+  ctx.output_views.resize(num_outputs);
+  ctx.output_ptrs.resize(num_outputs, nullptr);
+  ctx.output_aliased.resize(num_outputs, false);
+  for (size_t i = 0; i < num_outputs; ++i) {
+    const int alias = sig.return_aliases[i];
+    if (alias >= 0) {
+      ctx.output_aliased[i] = true;
+      ctx.outputs[i] = args[static_cast<size_t>(alias)].toTensor();
+      ctx.output_ptrs[i] = frame.tensor_of(static_cast<size_t>(alias));
+    }
+  }
+}
+
+}  // namespace
+
+bool KernelProvider::run_meta(const OpSlot& slot, torch::jit::Stack* stack) {
+  if (meta_ == nullptr) return false;
+  const OpSignature& sig = slot.sig;
+  const auto args = torch::jit::last(*stack, sig.args.size());
+  torch::jit::Stack concrete;
+  for (const auto& v : args) concrete.push_back(to_meta(v));
+  CallFrame frame(sig, concrete);
+  maxdev_host_context ctx;
+  ctx.plugin = &owner_->plugin;
+  ctx.sig = &sig;
+  ctx.meta = true;
+  prepare_outputs(ctx, sig, concrete, frame);
+  const size_t num_outputs = sig.return_aliases.size();
+  const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, frame.data(), frame.size(),
+                         static_cast<int32_t>(num_outputs), ctx.output_ptrs.data()};
+  maxdev_status status;
+  try {
+    InFlight in_flight(*owner_);
+    status = meta_(&call);
+  } catch (...) {
+    throw_kernel_error(*owner_, slot.name, "its meta function threw a C++ exception across the C ABI");
+  }
+  if (status != MAXDEV_OK) {
+    throw_kernel_error(*owner_, slot.name,
+                       "its meta function " + std::string(status == MAXDEV_DECLINED ? "declined" : "failed") +
+                           (ctx.error.empty() ? "" : ": " + ctx.error));
+  }
+  c10::SmallVector<c10::IValue, 2> returns;
+  for (size_t i = 0; i < num_outputs; ++i) {
+    const int alias = sig.return_aliases[i];
+    if (alias < 0 && !ctx.outputs[i].defined()) {
+      throw_kernel_error(*owner_, slot.name, "its meta function did not allocate output " + std::to_string(i));
+    }
+    returns.push_back(alias >= 0 ? args[static_cast<size_t>(alias)] : std::move(ctx.outputs[i]));
+  }
+  torch::jit::drop(*stack, sig.args.size());
+  for (auto& r : returns) stack->push_back(std::move(r));
+  return true;
+}
 
 bool KernelProvider::accepts(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) const {
   std::optional<c10::ScalarType> first_dtype;
@@ -284,18 +371,8 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
   maxdev_host_context ctx;
   ctx.plugin = &owner_->plugin;
   ctx.sig = &sig;
+  prepare_outputs(ctx, sig, args, frame);
   const size_t num_outputs = sig.return_aliases.size();
-  ctx.outputs.resize(num_outputs);
-  ctx.output_views.resize(num_outputs);
-  ctx.output_ptrs.resize(num_outputs, nullptr);
-  ctx.output_aliased.resize(num_outputs, false);
-  for (size_t i = 0; i < num_outputs; ++i) {
-    const int alias = sig.return_aliases[i];
-    if (alias >= 0) {
-      ctx.output_aliased[i] = true;
-      ctx.output_ptrs[i] = frame.tensor_of(static_cast<size_t>(alias));
-    }
-  }
 
   const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, frame.data(), frame.size(),
                          static_cast<int32_t>(num_outputs), ctx.output_ptrs.data()};
@@ -354,22 +431,6 @@ std::string describe(const at::Tensor& t) {
   return out + "]";
 }
 
-namespace {
-c10::IValue to_meta(const c10::IValue& v) {
-  auto meta = [](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined()) return t;
-    return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type());
-  };
-  if (v.isTensor()) return meta(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorList()) list.push_back(meta(t));
-    return list;
-  }
-  return v;
-}
-
-}  // namespace
 
 std::optional<torch::jit::Stack> meta_returns(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) {
   torch::jit::Stack stack;

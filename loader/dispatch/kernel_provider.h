@@ -28,12 +28,16 @@ class KernelProvider final : public Provider {
  public:
   KernelProvider(std::shared_ptr<const KernelOwner> owner, const maxdev_kernel_def& kernel);
   bool run(const OpSlot& slot, torch::jit::Stack* stack) override;
+  bool run_meta(const OpSlot& slot, torch::jit::Stack* stack) override;
+  const std::string& backward_op() const override { return backward_; }
 
  private:
   bool accepts(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) const;
 
   std::shared_ptr<const KernelOwner> owner_;
   maxdev_kernel_fn fn_;
+  maxdev_kernel_fn meta_;  // may be null
+  std::string backward_;   // "" for none
   uint64_t dtypes_;
   uint64_t flags_;
 };

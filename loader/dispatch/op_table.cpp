@@ -130,7 +130,7 @@ OpTable::Checked OpTable::validate(const std::string& op) const {
 void OpTable::check(const std::string& op) const {
   std::lock_guard lock(slots_mutex_);
   for (const auto& s : slots_) {
-    if (s->name == op) return;
+    if (!s->retired && s->name == op) return;
   }
   validate(op);
 }
@@ -138,11 +138,12 @@ void OpTable::check(const std::string& op) const {
 OpSlot& OpTable::slot(const std::string& op) {
   std::lock_guard lock(slots_mutex_);
   for (auto& s : slots_) {
-    if (s->name == op) return *s;
+    if (!s->retired && s->name == op) return *s;
   }
   Checked checked = validate(op);
   auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
   slot->has_cpu_kernel = checked.handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+  slot->composite_implicit = checked.handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
   const auto [name, overload] = split_name(op);
   const auto ns = name.substr(0, name.find("::"));
   slot->registration = std::make_unique<torch::Library>(
@@ -169,12 +170,25 @@ void OpTable::publish(std::unique_ptr<DispatchTable> table) {
   current_.store(owned_current_.get(), std::memory_order_release);
   synchronize();
   retired.reset();  // no call can see it any more
+  // A trampoline on a CompositeImplicitAutograd op (allowed by
+  // allow_composite) hides PyTorch's decomposition, and with it the op's
+  // gradients: it goes as soon as no provider serves the op.
+  std::lock_guard lock(slots_mutex_);
+  for (auto& s : slots_) {
+    if (s->retired || !s->composite_implicit) continue;
+    if (s->index < owned_current_->stacks.size() && !owned_current_->stacks[s->index].empty()) continue;
+    s->registration.reset();
+    s->retired = true;
+    log::debug("trampoline removed for " + s->name + " (composite implicit, no provider left)");
+  }
 }
 
 std::vector<const OpSlot*> OpTable::slots() const {
   std::lock_guard lock(slots_mutex_);
   std::vector<const OpSlot*> out;
-  for (const auto& s : slots_) out.push_back(s.get());
+  for (const auto& s : slots_) {
+    if (!s->retired) out.push_back(s.get());
+  }
   return out;
 }
 

@@ -43,6 +43,15 @@ class Provider {
   // true; or declines: returns false with the stack untouched.
   virtual bool run(const OpSlot& slot, torch::jit::Stack* stack) = 0;
 
+  // For ops a plugin defines (dispatch/custom_op_kernels.h): runs the op's
+  // meta function on meta tensors like run(), or returns false when this
+  // provider has none; and the op that computes its gradients ("" for none).
+  virtual bool run_meta(const OpSlot&, torch::jit::Stack*) { return false; }
+  virtual const std::string& backward_op() const {
+    static const std::string none;
+    return none;
+  }
+
   const std::string& owner() const { return owner_; }  // "reference@1.0.0"
   const std::string& kind() const { return kind_; }    // "plugin", "override"
 
@@ -74,8 +83,16 @@ struct OpSlot {
   std::string name;  // "aten::add.out"
   c10::OperatorHandle op;
   OpSignature sig;
-  std::unique_ptr<torch::Library> registration;  // the trampoline, for the life of the process
+  std::unique_ptr<torch::Library> registration;  // the trampoline
+  std::unique_ptr<torch::Library> custom_op_kernels;  // Meta and Autograd kernels of a plugin-defined op
+  bool has_meta_kernel = false, has_autograd_kernel = false;
   bool has_cpu_kernel = true;  // else a call every provider declines has nowhere to go
+  // A trampoline on a CompositeImplicitAutograd op hides PyTorch's
+  // decomposition (and the op's gradients): it is removed, and the slot
+  // retired, once no provider serves the op (writers only). Every other
+  // trampoline stays for the life of the process.
+  bool composite_implicit = false;
+  bool retired = false;
 
   // A plugin-defined op outlives its plugins (PyTorch cannot safely drop a
   // schema that Python may hold): once the last plugin serving it is

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -14,7 +15,7 @@ namespace {
 // Sizes of the structs at ABI 1.0: a plugin's structs may be larger (newer
 // minor) but never smaller.
 constexpr size_t kPluginDefSize_1_0 = sizeof(maxdev_plugin_def);
-constexpr size_t kKernelDefSize_1_0 = sizeof(maxdev_kernel_def);
+constexpr size_t kKernelDefSize_1_0 = offsetof(maxdev_kernel_def, flags) + sizeof(uint64_t);
 // The frozen prefix read before anything else.
 constexpr size_t kFrozenPrefix = offsetof(maxdev_plugin_def, abi_minor) + sizeof(uint32_t);
 
@@ -97,7 +98,32 @@ PluginLibrary::PluginLibrary(const std::string& snapshot_path, const Manifest& m
                                           " needs at least " + std::to_string(kPluginDefSize_1_0));
   }
   def_ = def;
+  read_kernels(ctx);
   check_definition(manifest, ctx);
+}
+
+void PluginLibrary::read_kernels(const ErrorContext& ctx) {
+  if (def_->num_kernels <= 0) return;
+  if (def_->kernels == nullptr) ctx.fail(ErrorKind::bad_image, "plugin definition has kernels == NULL");
+  // The plugin's array strides by its own sizeof(maxdev_kernel_def), which
+  // an older minor has smaller: fields it lacks read as zero (absent).
+  const size_t stride = def_->kernels[0].struct_size;
+  if (stride < kKernelDefSize_1_0) {
+    ctx.fail(ErrorKind::abi_mismatch, "kernel definition 0 is " + std::to_string(stride) +
+                                          " bytes; needs at least " + std::to_string(kKernelDefSize_1_0));
+  }
+  const auto* base = reinterpret_cast<const char*>(def_->kernels);
+  for (int64_t i = 0; i < def_->num_kernels; ++i) {
+    const auto* raw = reinterpret_cast<const maxdev_kernel_def*>(base + static_cast<size_t>(i) * stride);
+    if (raw->struct_size != stride) {
+      ctx.fail(ErrorKind::abi_mismatch, "kernel definition " + std::to_string(i) + " is " +
+                                            std::to_string(raw->struct_size) + " bytes where kernel 0 is " +
+                                            std::to_string(stride));
+    }
+    maxdev_kernel_def k{};
+    std::memcpy(&k, raw, std::min(stride, sizeof(k)));
+    kernels_.push_back(k);
+  }
 }
 
 void PluginLibrary::check_definition(const Manifest& manifest, const ErrorContext& ctx) const {
@@ -115,23 +141,16 @@ void PluginLibrary::check_definition(const Manifest& manifest, const ErrorContex
     disagree("the number of kernels (" + std::to_string(manifest.kernels.size()) + " vs " +
              std::to_string(def_->num_kernels) + ")");
   }
-  if (def_->num_kernels > 0 && def_->kernels == nullptr) {
-    ctx.fail(ErrorKind::bad_image, "plugin definition has kernels == NULL");
-  }
-  for (int64_t i = 0; i < def_->num_kernels; ++i) {
-    const maxdev_kernel_def& k = def_->kernels[i];
-    const KernelManifest& m = manifest.kernels[static_cast<size_t>(i)];
-    if (k.struct_size < kKernelDefSize_1_0) {
-      ctx.fail(ErrorKind::abi_mismatch, "kernel definition " + std::to_string(i) + " is " +
-                                            std::to_string(k.struct_size) + " bytes; needs at least " +
-                                            std::to_string(kKernelDefSize_1_0));
-    }
+  for (size_t i = 0; i < kernels_.size(); ++i) {
+    const maxdev_kernel_def& k = kernels_[i];
+    const KernelManifest& m = manifest.kernels[i];
     const std::string op = checked_string(k.op, "op name of kernel " + std::to_string(i), ctx);
     if (op != m.op) disagree("kernel " + std::to_string(i) + " (" + quoted(m.op) + " vs " + quoted(op) + ")");
     const std::string schema = k.schema == nullptr ? "" : checked_string(k.schema, "schema of " + op, ctx);
     if (schema != m.schema) disagree("the schema", op);
     if (k.dtypes != m.dtypes || k.flags != m.flags) disagree("the dtypes or flags", op);
     if (k.fn == nullptr) ctx.fail(ErrorKind::bad_image, "kernel function is NULL", op);
+    if (k.backward != nullptr) checked_string(k.backward, "backward op of " + op, ctx);
   }
 }
 

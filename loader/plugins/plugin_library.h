@@ -7,6 +7,7 @@
 
 #include <boost/dll/shared_library.hpp>
 #include <string>
+#include <vector>
 
 #include "plugins/errors.h"
 #include "plugins/manifest.h"
@@ -24,6 +25,9 @@ class PluginLibrary {
   PluginLibrary& operator=(const PluginLibrary&) = delete;
 
   const maxdev_plugin_def& def() const { return *def_; }
+  // The kernel table at this host's struct size (fields an older plugin
+  // lacks are zero).
+  const std::vector<maxdev_kernel_def>& kernels() const { return kernels_; }
   uint32_t abi_minor() const { return def_->abi_minor; }
 
   // Runs the plugin's init, if any. Throws PluginError on failure.
@@ -36,11 +40,13 @@ class PluginLibrary {
   bool close();
 
  private:
+  void read_kernels(const ErrorContext& ctx);
   void check_definition(const Manifest& manifest, const ErrorContext& ctx) const;
 
   std::string path_;
   boost::dll::shared_library library_;
   const maxdev_plugin_def* def_ = nullptr;
+  std::vector<maxdev_kernel_def> kernels_;
   void* state_ = nullptr;
   bool initialized_ = false;
 };

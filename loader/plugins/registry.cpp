@@ -11,6 +11,8 @@
 
 #include "common/log.h"
 #include "dispatch/cpu_fallback.h"
+#include "dispatch/custom_op_kernels.h"
+#include "dispatch/dispatch_kind.h"
 #include "dispatch/host_api.h"
 #include "dispatch/kernel_provider.h"
 #include "dispatch/op_table.h"
@@ -261,6 +263,7 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
     auto check_servable = [&] {
       try {
         OpTable::instance().check(k.op);
+        dispatch::check_dispatch_kind(k.op, options.allow_composite);
       } catch (const std::invalid_argument& e) {
         ctx.fail(ErrorKind::schema, e.what(), k.op);
       }
@@ -329,6 +332,7 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
   info.path = path;
   info.origin = options.origin;
   info.allow_untrusted = options.allow_untrusted;
+  info.allow_composite = options.allow_composite;
   info.snapshot = version->snapshot.path;
   info.sha256 = version->snapshot.sha256;
   info.abi_major = manifest.abi_major;
@@ -362,10 +366,10 @@ std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepare
   owner->state = v.library->state();
   owner->keep_alive = v.library;
   v.owner = owner;
-  const auto& def = v.library->def();
-  for (int64_t i = 0; i < def.num_kernels; ++i) {
-    const maxdev_kernel_def& kernel = def.kernels[i];
-    OpTable::instance().slot(kernel.op);  // registers the trampoline on first use
+  for (const maxdev_kernel_def& kernel : v.library->kernels()) {
+    // registers the trampoline on first use
+    dispatch::add_custom_op_kernels(OpTable::instance().slot(kernel.op), kernel.meta != nullptr,
+                                    kernel.backward != nullptr);
     v.providers.emplace_back(kernel.op, std::make_shared<dispatch::KernelProvider>(owner, kernel));
     v.info.ops.push_back(kernel.op);
   }
@@ -517,6 +521,7 @@ PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& 
   file.origin = options.origin.value_or(path == current.path ? current.origin : "path");
   file.sha256 = options.sha256;
   file.allow_untrusted = options.allow_untrusted.value_or(current.allow_untrusted);
+  file.allow_composite = options.allow_composite.value_or(current.allow_composite);
   Prepared prepared;
   try {
     prepared = prepare(path, name, /*new_plugin=*/false, file, checks);

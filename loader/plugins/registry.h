@@ -51,6 +51,7 @@ struct PluginInfo {
   int64_t previous_versions = 0;     // older versions still mapped (rollback targets)
   int64_t calls_in_flight = 0;       // kernel calls of this version running now
   bool allow_untrusted = false;      // loaded with the trust checks waived
+  bool allow_composite = false;      // kernels on CompositeImplicitAutograd ops accepted (forward only)
 };
 
 struct UnloadReport {
@@ -93,6 +94,7 @@ struct LoadOptions {
   std::string origin = "path";        // how the path was found; listed in PluginInfo
   std::optional<std::string> sha256;  // pinned content (lowercase hex): anything else is refused
   bool allow_untrusted = false;       // waive the ownership and permission checks (trust.h)
+  bool allow_composite = false;       // accept kernels on CompositeImplicitAutograd ops (dispatch_kind.h)
 };
 
 struct ReloadOptions {
@@ -104,6 +106,7 @@ struct ReloadOptions {
   std::optional<std::string> origin;
   std::optional<std::string> sha256;     // pinned content, as in LoadOptions
   std::optional<bool> allow_untrusted;   // default: as the current version was loaded
+  std::optional<bool> allow_composite;   // default: as the current version was loaded
 };
 
 class PluginRegistry {

@@ -11,6 +11,7 @@
 #include "device/host_alias.h"
 #include "device/streams.h"
 #include "dispatch/cpu_fallback.h"
+#include "dispatch/dispatch_kind.h"
 #include "dispatch/kernel_provider.h"
 #include "dispatch/op_table.h"
 #include "plugins/errors.h"
@@ -137,6 +138,7 @@ py::dict plugin_info(const plugins::PluginInfo& info) {
   d["path"] = fs_str(info.path);
   d["origin"] = fs_str(info.origin);
   d["allow_untrusted"] = info.allow_untrusted;
+  d["allow_composite"] = info.allow_composite;
   d["snapshot"] = fs_str(info.snapshot);
   d["sha256"] = info.sha256;
   d["abi"] = std::to_string(info.abi_major) + "." + std::to_string(info.abi_minor);
@@ -226,24 +228,25 @@ void bind_plugins(py::module_& m) {
   dispatch::set_call_error_hook(&raise_call_error);
   m.def("_load_plugin", [](const std::string& path, std::optional<std::string> name, py::object before_open,
                            py::object before_publish, const std::string& origin, std::optional<std::string> sha256,
-                           bool allow_untrusted) {
+                           bool allow_untrusted, bool allow_composite) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
-    const plugins::LoadOptions options{origin, std::move(sha256), allow_untrusted};
+    const plugins::LoadOptions options{origin, std::move(sha256), allow_untrusted, allow_composite};
     return change_plugin([&] { return plugins::PluginRegistry::instance().load(path, name, checks, options); });
   }, py::arg("path"), py::arg("name") = py::none(), py::arg("before_open") = py::none(),
      py::arg("before_publish") = py::none(), py::arg("origin") = "path", py::arg("sha256") = py::none(),
-     py::arg("allow_untrusted") = false);
+     py::arg("allow_untrusted") = false, py::arg("allow_composite") = false);
   m.def("_reload_plugin", [](const std::string& name, std::optional<std::string> path, bool force,
                              py::object before_open, py::object before_publish, std::optional<std::string> origin,
                              std::optional<std::string> sha256, std::optional<bool> allow_untrusted,
-                             std::optional<uint64_t> id) {
+                             std::optional<bool> allow_composite, std::optional<uint64_t> id) {
     const auto checks = checks_from(std::move(before_open), std::move(before_publish));
     const plugins::ReloadOptions options{id, std::move(path), force, std::move(origin), std::move(sha256),
-                                         allow_untrusted};
+                                         allow_untrusted, allow_composite};
     return change_plugin([&] { return plugins::PluginRegistry::instance().reload(name, options, checks); });
   }, py::arg("name"), py::arg("path") = py::none(), py::arg("force") = false,
      py::arg("before_open") = py::none(), py::arg("before_publish") = py::none(), py::arg("origin") = py::none(),
-     py::arg("sha256") = py::none(), py::arg("allow_untrusted") = py::none(), py::arg("id") = py::none());
+     py::arg("sha256") = py::none(), py::arg("allow_untrusted") = py::none(),
+     py::arg("allow_composite") = py::none(), py::arg("id") = py::none());
   m.def("_rollback_plugin", [](const std::string& name, std::optional<uint64_t> id) {
     return change_plugin([&] { return plugins::PluginRegistry::instance().rollback(name, id); });
   }, py::arg("name"), py::arg("id") = py::none());
@@ -314,6 +317,7 @@ void bind_plugins(py::module_& m) {
     }
     return out;
   });
+  m.def("_overload_to_serve", &dispatch::overload_to_serve);
   m.def("_inspect", [](const std::string& path) { return manifest_dict(plugins::PluginRegistry::inspect(path)); });
   py::class_<plugins::Watcher>(m, "_Watcher")
       .def(py::init([](const std::string& target, double debounce_seconds, std::string pattern, py::function on_ready) {

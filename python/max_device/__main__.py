@@ -3,7 +3,11 @@
   python -m max_device inspect PATH      manifest of a plugin file (runs none of its code)
   python -m max_device ops [PLUGIN...]   load the given plugin files and list who serves each op
   python -m max_device check PATH        run PyTorch's OpInfo samples on every op the plugin serves,
-                                         against the CPU; exit status 1 on any failure
+                                         against the CPU (plus out=, extremal and gradient checks);
+                                         exit status 1 on any failure, or on a custom op no sample
+                                         covers (give --samples FILE.py, or --allow-uncovered)
+  python -m max_device schema NAME       every overload of an op: schema, dispatch kind, outputs,
+                                         and which overload a plugin kernel should serve
   python -m max_device coverage [PLUGIN...]  how each core aten op runs: plugin, max_device,
                                          composite, CPU fallback, or not at all
   python -m max_device watch PLUGIN...   load plugin files and reload each one whenever it is rebuilt
@@ -49,6 +53,13 @@ def main(argv=None) -> int:
     p_check.add_argument("--max-samples", type=int, default=8, help="samples per OpInfo and dtype")
     p_check.add_argument("--json", action="store_true", help="print the result as JSON")
     p_check.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p_check.add_argument("--samples", default=None, metavar="FILE.py",
+                         help="a Python file defining SAMPLES (and REFERENCES) for custom ops")
+    p_check.add_argument("--allow-uncovered", action="store_true",
+                         help="exit 0 even when a custom op has no samples")
+    p_schema = sub.add_parser("schema", help="show an op's overloads and which one a plugin should serve")
+    p_schema.add_argument("name", help="e.g. softmax, aten::softmax, aten::softmax.int")
+    p_schema.add_argument("--json", action="store_true", help="print the overloads as JSON")
     p_coverage = sub.add_parser("coverage", help="load plugin files and report how core aten ops run")
     p_coverage.add_argument("plugins", nargs="*")
     p_coverage.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -79,7 +90,7 @@ def main(argv=None) -> int:
     import max_device
 
     commands = {"inspect": _inspect, "ops": _ops, "check": _check, "coverage": _coverage, "watch": _watch,
-                "wheel": _wheel}
+                "wheel": _wheel, "schema": _schema}
     if args.command not in commands:
         parser.print_help()
         return 2
@@ -90,13 +101,19 @@ def main(argv=None) -> int:
         return 1
 
 
+def _as_path(path: str) -> str:
+    """A file given on the command line is that file, even without a '/'
+    (a bare name that is no file here is looked up in the plugin search path)."""
+    return os.path.join(".", path) if "/" not in path and os.path.isfile(path) else path
+
+
 def _inspect(max_device, args) -> int:
-    print(max_device.inspect(args.path))
+    print(max_device.inspect(_as_path(args.path)))
     return 0
 
 
 def _ops(max_device, args) -> int:
-    loaded = [max_device.load_plugin(path) for path in args.plugins]
+    loaded = [max_device.load_plugin(_as_path(path)) for path in args.plugins]
     print(max_device.list_ops(*loaded))
     return 0
 
@@ -123,16 +140,30 @@ def _comma_list(text: str):
 def _check(max_device, args) -> int:
     from max_device.testing import check_plugin
 
-    result = check_plugin(args.path, ops=args.ops, dtypes=args.dtypes, max_samples=args.max_samples,
-                          quiet=args.quiet)
+    result = check_plugin(_as_path(args.path), ops=args.ops, dtypes=args.dtypes, max_samples=args.max_samples,
+                          samples=args.samples, quiet=args.quiet)
     print(json.dumps(result.to_json(), indent=2) if args.json else result)
+    uncovered = [op for op in result.uncovered if not op.startswith("aten::")]
+    if uncovered and not args.allow_uncovered:
+        print(f"error: not covered: {', '.join(uncovered)}: no sample reached these custom ops, so nothing "
+              "checked them; give samples with --samples FILE.py (SAMPLES = {op: fn(dtype) -> [(args, "
+              "kwargs), ...]}, REFERENCES = {op: fn}), or pass --allow-uncovered", file=sys.stderr)
+        return 1
     return 0 if result.passed else 1
+
+
+def _schema(max_device, args) -> int:
+    from max_device.schema import overloads
+
+    found = overloads(args.name)
+    print(json.dumps([o.to_json() for o in found], indent=2) if args.json else "\n\n".join(map(str, found)))
+    return 0
 
 
 def _coverage(max_device, args) -> int:
     from max_device.testing import core_op_coverage
 
-    plugins = [max_device.load_plugin(path) for path in args.plugins]
+    plugins = [max_device.load_plugin(_as_path(path)) for path in args.plugins]
     report = core_op_coverage(*plugins)
     print(json.dumps(report.to_json(), indent=2) if args.json else report)
     return 0
@@ -141,7 +172,7 @@ def _coverage(max_device, args) -> int:
 def _watch(max_device, args) -> int:
     import time
 
-    plugins = [max_device.load_plugin(path) for path in args.plugins]
+    plugins = [max_device.load_plugin(_as_path(path)) for path in args.plugins]
     watches = [max_device.watch(p.path, debounce=args.debounce, preflight=args.preflight, validate=args.validate,
                                 isolate=args.isolate) for p in plugins]
     print(f"watching {len(plugins)} plugin(s); rebuild them to reload, Ctrl-C to stop", flush=True)

@@ -131,8 +131,11 @@ class Manifest:
 
     def __str__(self) -> str:
         lines = [f"{self.name} {self.version} (plugin ABI {self.abi}), {len(self.kernels)} kernels"]
+        from .testing import kernel_capabilities
         for k in self.kernels:
-            lines.append(f"  {k.op}" + (f"  defines: {k.schema}" if k.schema else ""))
+            caps = kernel_capabilities(k)
+            declared = f"  [{','.join(caps['dtypes'])}" + (f"; {','.join(caps['flags'])}]" if caps["flags"] else "]")
+            lines.append(f"  {k.op}{declared}" + (f"  defines: {k.schema}" if k.schema else ""))
         return "\n".join(lines)
 
 
@@ -176,6 +179,8 @@ class Plugin:
                       doc="how the file was found: 'path', or the search path entry that held it")
     allow_untrusted = property(lambda self: self._info()["allow_untrusted"],
                                doc="loaded with the ownership and permission checks waived")
+    allow_composite = property(lambda self: self._info()["allow_composite"],
+                               doc="kernels on CompositeImplicitAutograd ops accepted (forward only)")
     snapshot = property(lambda self: self._info()["snapshot"], doc="the private copy that is mapped")
     sha256 = property(lambda self: self._info()["sha256"])
     abi = property(lambda self: self._info()["abi"])
@@ -224,7 +229,7 @@ class Plugin:
 
 
 def _checks(path: str, plugin: str, reload: bool, validate: bool, isolate: bool, preflight: bool,
-            timeout: float) -> dict:
+            timeout: float, samples=None, references=None) -> dict:
     """The registry's checks for these options: a child process (isolate),
     a forked child (preflight), with the kernel comparison there if asked;
     else the comparison in this process before publish."""
@@ -235,9 +240,11 @@ def _checks(path: str, plugin: str, reload: bool, validate: bool, isolate: bool,
     if isolate:
         return {"before_open": validation.isolated_check(path, plugin, validate, timeout)}
     if preflight:
-        return {"before_open": validation.preflight_check(path, plugin, reload, validate, timeout)}
+        return {"before_open": validation.preflight_check(path, plugin, reload, validate, timeout, samples=samples,
+                                                          references=references)}
     if validate:
-        return {"before_publish": validation.validate_in_process(path, plugin)}
+        return {"before_publish": validation.validate_in_process(path, plugin, samples=samples,
+                                                                 references=references)}
     return {}
 
 
@@ -253,7 +260,8 @@ def _name_arg(name: Optional[str]) -> Optional[str]:
 
 def load_plugin(path: PathArg, *, name: Optional[str] = None, sha256: Optional[str] = None,
                 allow_untrusted: bool = False, validate: bool = False, isolate: bool = False,
-                preflight: bool = False, timeout: float = 120.0) -> Plugin:
+                preflight: bool = False, timeout: float = 120.0, allow_composite: bool = False, samples=None,
+                references=None) -> Plugin:
     """Load a plugin library and put its kernels on top of each op's stack.
 
     ``path`` is a file path (``str``, ``bytes`` or ``os.PathLike``), or a
@@ -280,14 +288,21 @@ def load_plugin(path: PathArg, *, name: Optional[str] = None, sha256: Optional[s
     process lives; with ``validate`` the comparison runs there too.
     ``preflight=True`` does the same in a fork of this process
     (milliseconds instead of seconds). ``timeout`` bounds either child.
+    ``samples``/``references`` (dicts, or a samples file) check custom ops
+    in ``validate``, as in ``testing.check_plugin`` (not with ``isolate``).
+
+    A kernel on a CompositeImplicitAutograd op (``aten::softmax.int``) is
+    refused (``SchemaError`` naming the overload to serve instead): PyTorch
+    would run it for the forward and drop the gradients. ``allow_composite``
+    accepts such kernels for forward-only use (a warning per op).
     """
     path, origin = _resolve(path)
     name = _name_arg(name)
     pinned = _pinned(sha256)
-    checks = _checks(path, name or inspect(path).name, False, validate, isolate, preflight, timeout) \
-        if validate or isolate or preflight else {}
+    checks = _checks(path, name or inspect(path).name, False, validate, isolate, preflight, timeout, samples,
+                     references) if validate or isolate or preflight else {}
     info = _C._load_plugin(os.fsencode(path), name, origin=origin, sha256=pinned,
-                           allow_untrusted=allow_untrusted, **checks)
+                           allow_untrusted=allow_untrusted, allow_composite=allow_composite, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
@@ -309,7 +324,8 @@ def unload_plugin(plugin: Union[Plugin, str]) -> dict:
 def reload_plugin(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *,
                   force: bool = False, sha256: Optional[str] = None, allow_untrusted: Optional[bool] = None,
                   validate: bool = False, isolate: bool = False, preflight: bool = False,
-                  timeout: float = 120.0) -> Plugin:
+                  timeout: float = 120.0, allow_composite: Optional[bool] = None, samples=None,
+                  references=None) -> Plugin:
     """Hot swap: load a new build of a loaded plugin and publish all its
     kernels in one atomic step.
 
@@ -322,16 +338,18 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *,
     stay mapped for ``rollback_plugin``. ``validate``, ``isolate`` and
     ``preflight`` check the new version before it goes live, as in
     ``load_plugin``. ``path`` may be a bare name (search path), ``sha256``
-    pins the new content and ``allow_untrusted`` defaults to what the
-    current version was loaded with. A file still being written is refused
-    with ``PluginBusyError``."""
+    pins the new content, ``allow_untrusted`` and ``allow_composite``
+    default to what the current version was loaded with, and
+    ``samples``/``references`` are as in ``load_plugin``. A file still
+    being written is refused with ``PluginBusyError``."""
     name, load_id = _target(plugin)
     path, origin = (None, None) if path is None else _resolve(path)
     pinned = _pinned(sha256)
-    checks = _checks(path or get_plugin(name).path, name, True, validate, isolate, preflight, timeout) \
-        if validate or isolate or preflight else {}
+    checks = _checks(path or get_plugin(name).path, name, True, validate, isolate, preflight, timeout, samples,
+                     references) if validate or isolate or preflight else {}
     info = _C._reload_plugin(name, None if path is None else os.fsencode(path), force, origin=origin,
-                             sha256=pinned, allow_untrusted=allow_untrusted, id=load_id, **checks)
+                             sha256=pinned, allow_untrusted=allow_untrusted, allow_composite=allow_composite,
+                             id=load_id, **checks)
     _forget_python_op_caches(info["defines"])
     return Plugin(info)
 

@@ -6,8 +6,14 @@ plugin serves, on max_device against the CPU: plain, non-contiguous,
 in-place and ``out=`` variants, and the ``error_inputs`` that must raise.
 Ops without an OpInfo (custom ops) are checked with
 ``torch.library.opcheck`` and an author's reference function on the author's
-samples. Reload validation (``validate=True``), the isolated check and
-``python -m max_device check`` all run this one engine.
+samples. Beyond OpInfo's samples every op is also checked the ways new
+kernels most often go wrong: ``out=`` tensors that are empty, of the wrong
+size or overlapping an input (PyTorch resizes or raises; the kernel must
+agree), extremal inputs (large magnitudes, empty and 0-dim tensors,
+transposed, expanded and offset layouts, broadcasting either way) and the
+gradients through the op's autograd formula. Reload validation
+(``validate=True``), the isolated check and ``python -m max_device check``
+all run this one engine.
 """
 
 import dataclasses
@@ -15,6 +21,7 @@ import functools
 import math
 import sys
 import time
+import warnings
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -143,7 +150,8 @@ class SampleFailure:
     op: str             # the op checked
     source: str         # the OpInfo ("name" or "name.variant"), or "samples" (the author's)
     dtype: str
-    variant: str        # function, noncontiguous, out, inplace, error_input, reference, opcheck
+    variant: str        # function, noncontiguous, out, inplace, error_input, reference, opcheck,
+                        # out_empty, out_wrong_size, out_overlap, extremal_<kind>, autograd
     sample: int         # index of the sample in its source
     description: str    # the sample's shapes and non-tensor arguments
     max_abs: float      # largest absolute difference (nan: not comparable)
@@ -192,10 +200,17 @@ class CheckResult:
     file: str
     results: List[OpResult]
     seconds: float
+    kernels: List[dict] = dataclasses.field(default_factory=list)  # op, dtypes, flags (manifest)
 
     @property
     def passed(self) -> bool:
         return not any(r.status == FAILED for r in self.results)
+
+    @property
+    def uncovered(self) -> List[str]:
+        """Ops no sample reached at any dtype (custom ops without samples=)."""
+        ops = dict.fromkeys(r.op for r in self.results)
+        return [op for op in ops if all(r.status == NOT_COVERED for r in self.results if r.op == op)]
 
     @property
     def failures(self) -> List[SampleFailure]:
@@ -235,7 +250,8 @@ class CheckResult:
         results = [dict(dataclasses.asdict(r), worst=dataclasses.asdict(r.worst) if r.worst else None)
                    for r in self.results]
         return clean({"plugin": self.plugin, "file": self.file, "passed": self.passed,
-                      "seconds": self.seconds, "results": results})
+                      "uncovered": self.uncovered, "seconds": self.seconds, "kernels": self.kernels,
+                      "results": results})
 
 
 # --- Running one sample ------------------------------------------------------
@@ -388,6 +404,209 @@ def _strided(sample) -> bool:
     return layouts <= {torch.strided}
 
 
+# --- out= tensors PyTorch resizes or refuses ---------------------------------
+
+def _with_out(function, make_out):
+    """The out= variant with outputs made by ``make_out(result)``: PyTorch
+    resizes an empty or wrong-size ``out=`` (warning for a non-empty one),
+    so the kernel sees it as the user passed it."""
+    def run(*args, **kwargs):
+        result = function(*args, **kwargs)
+        out = tuple(make_out(t) for t in result) if isinstance(result, (tuple, list)) else make_out(result)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "An output with one or more elements was resized"
+            function(*args, out=out, **kwargs)
+        return out
+    return run
+
+
+def _empty_out(t: torch.Tensor) -> torch.Tensor:
+    # Empty, over a storage big enough for the result: a kernel that writes
+    # without resizing shows a wrong result instead of corrupting the heap.
+    return torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[:0]
+
+
+def _wrong_size_out(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tuple(s + 1 for s in t.shape) or (2,), dtype=t.dtype, device=t.device)
+
+
+def _overlapping_out(function):
+    """out= shifted by one element against the first input, in one buffer:
+    PyTorch refuses such a partial overlap, a kernel must too."""
+    def run(x, *args, **kwargs):
+        n = x.numel()
+        buffer = torch.empty(n + 1, dtype=x.dtype, device=x.device)
+        buffer[:n].copy_(x.reshape(-1))
+        return function(buffer[:n].view(x.shape), *args, out=buffer[1:].view(x.shape), **kwargs)
+    return run
+
+
+def _overlap_applies(info, sample) -> bool:
+    """Whether an out= shaped like the sample's first input is the op's output."""
+    x = sample.input
+    if not isinstance(x, torch.Tensor) or x.numel() < 2:
+        return False
+    try:
+        result = info.op(sample.input, *sample.args, **sample.kwargs)
+    except Exception:  # noqa: BLE001 - the CPU refuses it: nothing to check
+        return False
+    return isinstance(result, torch.Tensor) and result.shape == x.shape and result.dtype == x.dtype
+
+
+# --- Extremal inputs ---------------------------------------------------------
+# OpInfo's samples are small values in small, mostly contiguous tensors: a
+# softmax without max subtraction or a kernel that ignores strides passes
+# them. Each kind below derives a sample from an OpInfo sample, applied the
+# same way on the CPU and on max_device (the layout is kept by to_device).
+
+def _large(t):
+    return t * 100 if t.is_floating_point() else t
+
+
+def _empty(t):
+    return t[:0] if t.dim() > 0 else t
+
+
+def _zero_dim(t):
+    return t.reshape(-1)[:1].reshape(()) if t.numel() > 0 else t
+
+
+def _transposed(t):
+    return t.mT.contiguous().mT if t.dim() >= 2 else t
+
+
+def _expanded(t):
+    return t.reshape(-1)[:1].reshape(()).expand(t.shape) if t.numel() > 0 else t  # stride 0 everywhere
+
+
+def _offset(t):
+    """The same values at storage offset 1."""
+    flat = t.reshape(-1)
+    return torch.cat([flat[:1], flat])[1:].view(t.shape) if t.numel() > 0 else t
+
+
+EXTREMAL_KINDS = {"large_values": _large, "empty": _empty, "zero_dim": _zero_dim, "transposed": _transposed,
+                  "expanded": _expanded, "offset": _offset}
+
+
+def _extremal_samples(sample):
+    """(kind, sample) pairs derived from one OpInfo sample."""
+    def tensors_only(fn):
+        return lambda t: fn(t) if isinstance(t, torch.Tensor) else t
+    for kind, fn in EXTREMAL_KINDS.items():
+        yield kind, sample.transform(tensors_only(fn))
+    # broadcasting in either direction: one of two same-shaped operands cut to size 1
+    x = sample.input
+    other = sample.args[0] if sample.args else None
+    if isinstance(x, torch.Tensor) and isinstance(other, torch.Tensor) and x.shape == other.shape \
+            and x.dim() > 0 and x.shape[0] > 1:
+        yield "broadcast_input", type(sample)(x[:1], args=sample.args, kwargs=sample.kwargs)
+        yield "broadcast_other", type(sample)(x, args=(other[:1], *sample.args[1:]), kwargs=sample.kwargs)
+
+
+def _compare_at_scale(run):
+    """For large inputs, where summation order legitimately moves results by
+    more than OpInfo's tolerances: NaN and infinities where the CPU has
+    them, finite values within 1e-3 of the output's largest magnitude."""
+    def attempt(cpu_case, device_case):
+        try:
+            expected = run(*cpu_case[0], **cpu_case[1])
+        except Exception:  # noqa: BLE001 - an input the op refuses: nothing to compare
+            return _SKIP
+        tolerance = {}
+        if isinstance(expected, torch.Tensor) and expected.is_floating_point():
+            finite = expected[expected.isfinite()]
+            scale = float(finite.abs().max()) if finite.numel() else 1.0
+            tolerance = {"rtol": 1e-3, "atol": 1e-3 * max(scale, 1.0)}
+        return _compare(run, lambda *a, **k: expected, cpu_case, device_case, tolerance)
+    return attempt
+
+
+# --- Gradients ---------------------------------------------------------------
+
+def _leaves(value) -> list:
+    return torch.utils._pytree.tree_leaves(value)
+
+
+def _requiring_grad(device_case: Case, cpu_case: Case) -> Case:
+    """The device case with requires_grad set where the CPU case has it."""
+    for cpu, dev in zip(_leaves(cpu_case), _leaves(device_case)):
+        if isinstance(cpu, torch.Tensor) and cpu.requires_grad and isinstance(dev, torch.Tensor):
+            dev.requires_grad_()
+    return device_case
+
+
+def _gradients(function, process, args, kwargs):
+    """The gradients of sum(w * outputs) with respect to every input that
+    requires grad, with fixed weights w; None for an input autograd did not
+    reach."""
+    inputs = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+    outputs = [o for o in _leaves(process(function(*args, **kwargs)))
+               if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    if not inputs or not outputs:
+        raise ValueError("nothing to differentiate")
+    weights = [torch.linspace(-1, 1, o.numel(), dtype=o.dtype).reshape(o.shape).to(o.device) for o in outputs]
+    pairs = [(o, w) for o, w in zip(outputs, weights) if o.requires_grad]
+    if not pairs:
+        return [None] * len(inputs)
+    grads = torch.autograd.grad([o for o, _ in pairs], inputs, [w for _, w in pairs], allow_unused=True)
+    return [None if g is None else g.detach().cpu() for g in grads]
+
+
+def _compare_gradients(function, reference, process, tolerance: dict):
+    """An attempt comparing the gradients through ``function`` on max_device
+    with those through ``reference`` on the CPU."""
+    def attempt(cpu_case, device_case):
+        try:
+            expected = _gradients(reference, process, *cpu_case)
+        except Exception:  # noqa: BLE001 - no gradient on the CPU: nothing to compare
+            return _SKIP
+        try:
+            actual = _gradients(function, process, *device_case)
+        except Exception as e:  # noqa: BLE001 - any failure is a finding
+            return math.nan, math.nan, f"backward raised {type(e).__name__}: {e}"
+        for k, (want, got) in enumerate(zip(expected, actual)):
+            if want is None and got is None:
+                continue
+            if got is None or want is None:
+                return math.nan, math.nan, (
+                    f"gradients broken: the gradient of input {k} is {'None' if got is None else 'set'} on "
+                    f"max_device where the CPU's is {'None' if want is None else 'set'}")
+            try:
+                torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
+            except AssertionError as e:
+                return (*_errors(want, got), f"gradients broken: the gradient of input {k} differs from the "
+                        f"CPU's: {e}")
+        return None
+    return attempt
+
+
+def _check_extras(tally: _Tally, info, dtype: torch.dtype, source: str, tolerance: dict) -> None:
+    """out= edge cases, extremal inputs and gradients, on the first two
+    samples of the OpInfo."""
+    def compare(run):
+        return lambda cpu, dev: _compare(run, run, cpu, dev, tolerance)
+
+    strided = filter(_strided, info.reference_inputs("cpu", dtype, requires_grad=False))
+    for index, sample in zip(range(2), strided):
+        if info.supports_out:
+            tally.run(compare(_with_out(info.op, _empty_out)), source, "out_empty", index, _cpu_case(sample),
+                      _device_case(info, sample))
+            tally.run(compare(_with_out(info.op, _wrong_size_out)), source, "out_wrong_size", index,
+                      _cpu_case(sample), _device_case(info, sample))
+            if _overlap_applies(info, sample):
+                tally.run(lambda cpu, dev: _expect_error(_overlapping_out(info.op), cpu, dev), source,
+                          "out_overlap", index, _cpu_case(sample), _device_case(info, sample))
+        for kind, extremal in _extremal_samples(sample):
+            attempt = _compare_at_scale(info.op) if kind == "large_values" else compare(info.op)
+            tally.run(attempt, source, f"extremal_{kind}", index, _cpu_case(extremal), _device_case(info, extremal))
+    if info.supports_autograd and dtype.is_floating_point:
+        for index, sample in zip(range(2), filter(_strided, info.sample_inputs("cpu", dtype, requires_grad=True))):
+            cpu_case = _cpu_case(sample)
+            tally.run(_compare_gradients(info.op, info.op, sample.output_process_fn_grad, tolerance), source,
+                      "autograd", index, cpu_case, _requiring_grad(_device_case(info, sample), cpu_case))
+
+
 def _check_opinfo(tally: _Tally, info, dtype: torch.dtype, max_samples: int) -> None:
     source = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
     tolerance = opinfo_tolerance(info, dtype)
@@ -408,6 +627,7 @@ def _check_opinfo(tally: _Tally, info, dtype: torch.dtype, max_samples: int) -> 
                   _device_case(info, noncontiguous))
         for variant, attempt in variants:
             tally.run(attempt, source, variant, index, _cpu_case(sample), _device_case(info, sample))
+    _check_extras(tally, info, dtype, source, tolerance)
     if info.error_inputs_func is not None:
         for index, error_input in enumerate(info.error_inputs("cpu")):
             sample = error_input.sample_input
@@ -424,6 +644,14 @@ def _overload(op: str):
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
 
 
+def _with_grad(case: Case) -> Case:
+    """A copy of an author's sample whose floating tensors require grad."""
+    def leaf(v):
+        return v.detach().clone().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() \
+            else v
+    return torch.utils._pytree.tree_map(leaf, case)
+
+
 def _check_author_samples(tally: _Tally, op: str, dtype: torch.dtype, make_samples: Callable,
                           reference: Optional[Callable], opcheck_tests: Optional[Sequence[str]]) -> None:
     overload = _overload(op)
@@ -436,6 +664,10 @@ def _check_author_samples(tally: _Tally, op: str, dtype: torch.dtype, make_sampl
         if reference is not None:
             tally.run(lambda cpu, dev: _compare(overload, reference, cpu, dev, {}), "samples", "reference",
                       index, cpu_case, to_device(cpu_case))
+            if dtype.is_floating_point and torch._C._dispatch_has_kernel_for_dispatch_key(op, "Autograd"):
+                grad_case = _with_grad(cpu_case)
+                tally.run(_compare_gradients(overload, reference, lambda out: out, {}), "samples", "autograd",
+                          index, grad_case, _requiring_grad(to_device(grad_case), grad_case))
 
 
 # --- The engine --------------------------------------------------------------
@@ -472,6 +704,7 @@ def check_ops(ops: Iterable[str], dtypes: Union[Sequence, Callable[[str], Sequen
     ``OpResult`` per (op, dtype). ``dtypes`` is a list, or a function of the
     op giving its list. With ``owner`` (a plugin name) only sample runs that
     reached that plugin's kernel are judged; without, every run is."""
+    samples, references = _samples_and_references(samples, references)
     samples, references = samples or {}, references or {}
     missing = set(references) - set(samples)
     if missing:
@@ -515,6 +748,44 @@ def _selected(served: Sequence[str], ops: Optional[Iterable[str]]) -> List[str]:
     return chosen
 
 
+def load_samples(path) -> Tuple[Dict[str, Callable], Dict[str, Callable]]:
+    """(samples, references) from a Python file that defines ``SAMPLES``
+    (op -> fn(dtype) returning (args, kwargs) pairs built on the CPU) and
+    optionally ``REFERENCES`` (op -> CPU function): what ``check --samples``
+    and ``samples="file.py"`` read."""
+    import importlib.util
+    import os
+    path = os.fspath(path)
+    spec = importlib.util.spec_from_file_location(f"max_device_samples_{abs(hash(path))}", path)
+    if spec is None or not os.path.isfile(path):
+        raise ValueError(f"{path}: no such samples file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    samples = getattr(module, "SAMPLES", None)
+    if not isinstance(samples, dict):
+        raise ValueError(f"{path}: a samples file defines SAMPLES = {{op: fn(dtype) -> [(args, kwargs), ...]}}")
+    return samples, dict(getattr(module, "REFERENCES", {}))
+
+
+def _samples_and_references(samples, references):
+    """samples= as a dict, or a path to a samples file (which gives both)."""
+    if samples is None or isinstance(samples, dict):
+        return samples, references
+    from_file, file_references = load_samples(samples)
+    return from_file, {**file_references, **(references or {})}
+
+
+_FLAG_NAMES = {1: "contiguous_only", 2: "same_dtype", 4: "no_cpu_tensors"}
+
+
+def kernel_capabilities(kernel) -> dict:
+    """A manifest kernel's declared dtypes and flags, by name."""
+    dtypes = [_dtype_name(d) for bit, d in enumerate(_MASK_DTYPES) if kernel.dtypes >> bit & 1] or ["any"]
+    flags = [name for bit, name in _FLAG_NAMES.items() if kernel.flags & bit]
+    unknown = kernel.flags & ~sum(_FLAG_NAMES)
+    return {"op": kernel.op, "dtypes": dtypes, "flags": flags + ([hex(unknown)] if unknown else [])}
+
+
 def check_plugin(plugin_or_path, ops: Optional[Iterable[str]] = None, dtypes: Optional[Sequence] = None, *,
                  samples: Optional[Dict[str, Callable[[torch.dtype], Iterable[Case]]]] = None,
                  references: Optional[Dict[str, Callable]] = None, max_samples: int = 8,
@@ -537,15 +808,24 @@ def check_plugin(plugin_or_path, ops: Optional[Iterable[str]] = None, dtypes: Op
     ``references[op](*args, **kwargs)`` on the CPU when given (an aten op
     without an OpInfo is compared with its own CPU kernel).
 
+    ``samples`` may also be the path of a samples file (``load_samples``).
+    Every op is also checked with empty, wrong-size and overlapping ``out=``
+    tensors, extremal inputs and (floating dtypes) its gradients against
+    the CPU's; a custom op with a backward op has its gradients compared
+    with those of its reference.
+
     Progress goes to stderr, one line per op, unless ``quiet``. Returns a
-    ``CheckResult``: ``.passed``, ``.failures``, ``.table()``, ``.to_json()``.
+    ``CheckResult``: ``.passed``, ``.failures``, ``.uncovered``,
+    ``.table()``, ``.to_json()``.
     """
     from .plugins import Plugin, inspect, load_plugin, unload_plugin
     started = time.monotonic()
     loaded_here = not isinstance(plugin_or_path, Plugin)
+    samples, references = _samples_and_references(samples, references)
     plugin = load_plugin(plugin_or_path) if loaded_here else plugin_or_path
     try:
-        masks = {k.op: k.dtypes for k in inspect(plugin.snapshot).kernels}
+        manifest = inspect(plugin.snapshot)
+        masks = {k.op: k.dtypes for k in manifest.kernels}
         results = check_ops(
             _selected(plugin.ops, ops),
             dtypes if dtypes is not None else lambda op: _dtypes_of_mask(masks.get(op, 0)),
@@ -555,4 +835,5 @@ def check_plugin(plugin_or_path, ops: Optional[Iterable[str]] = None, dtypes: Op
     finally:
         if loaded_here:
             unload_plugin(plugin)
-    return CheckResult(plugin.name, plugin.path, results, time.monotonic() - started)
+    return CheckResult(plugin.name, plugin.path, results, time.monotonic() - started,
+                       [kernel_capabilities(k) for k in manifest.kernels])

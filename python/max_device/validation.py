@@ -55,11 +55,11 @@ def _format(report) -> str:
     return "\n".join(lines)
 
 
-def validate_in_process(path: str, plugin: str) -> Callable[[List[str]], None]:
+def validate_in_process(path: str, plugin: str, **check_options) -> Callable[[List[str]], None]:
     """The registry's before_publish check for ``validate=True``."""
     def check(ops: List[str]) -> None:
         # No owner: the staged version is not listed, so every sample is judged.
-        mismatches = [f for result in check_ops(ops) for f in result.failures]
+        mismatches = [f for result in check_ops(ops, **check_options) for f in result.failures]
         if mismatches:
             raise ValidationError(
                 f"plugin '{plugin}' ({path}): {len(mismatches)} OpInfo samples disagree with the CPU; "
@@ -79,10 +79,11 @@ def _refusal(path: str, plugin: str, where: str, status: int, detail: str) -> "V
                            file=path, plugin=plugin)
 
 
-def preflight_check(path: str, plugin: str, reload: bool, validate: bool,
-                    timeout: float) -> Callable[[str], None]:
+def preflight_check(path: str, plugin: str, reload: bool, validate: bool, timeout: float, *, samples=None,
+                    references=None) -> Callable[[str], None]:
     """The registry's before_open check for ``preflight=True``: a forked
-    child opens (and with ``validate`` checks) the snapshot first."""
+    child opens (and with ``validate`` checks, ``samples`` and ``references``
+    included) the snapshot first."""
     def check(snapshot: str) -> None:
         read_end, write_end = os.pipe()
         pid = os.fork()
@@ -91,7 +92,7 @@ def preflight_check(path: str, plugin: str, reload: bool, validate: bool,
             try:
                 os.close(read_end)
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash here is expected: no core file
-                result = _preflight_child(snapshot, plugin, reload, validate)
+                result = _preflight_child(snapshot, plugin, reload, validate, samples, references)
                 code = 0 if "ok" in result else 1
             except BaseException as e:  # noqa: B036 - everything must be reported
                 result = {"error": f"{type(e).__name__}: {e}"}
@@ -142,7 +143,7 @@ def _collect(pid: int, fd: int, timeout: float):
     return b"".join(chunks), status
 
 
-def _preflight_child(snapshot: str, plugin: str, reload: bool, validate: bool) -> dict:
+def _preflight_child(snapshot: str, plugin: str, reload: bool, validate: bool, samples, references) -> dict:
     """In the forked child: open the snapshot, init it, and optionally check
     its kernels through a real (child-only) load."""
     from . import _C
@@ -156,10 +157,11 @@ def _preflight_child(snapshot: str, plugin: str, reload: bool, validate: bool) -
     torch.set_num_threads(1)
     _C._abandon_change_after_fork()
     try:
+        checks = dict(validate=True, preflight=False, samples=samples, references=references)
         if reload:
-            plugins.reload_plugin(plugin, snapshot, force=True, validate=True, preflight=False)
+            plugins.reload_plugin(plugin, snapshot, force=True, **checks)
         else:
-            plugins.load_plugin(snapshot, name=plugin, validate=True, preflight=False)
+            plugins.load_plugin(snapshot, name=plugin, **checks)
     except ValidationError as e:
         return {"error": f"{len(e.report)} OpInfo samples disagree with the CPU (checked in the pre-flight child)",
                 "mismatches": [dataclasses.asdict(m) for m in e.report]}

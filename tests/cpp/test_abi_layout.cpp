@@ -103,7 +103,7 @@ FROZEN(maxdev_value, u.tensor_list.data, 8, 8);
 FROZEN(maxdev_value, u.tensor_list.size, 16, 8);
 
 // --- maxdev_host_api -------------------------------------------------------
-static_assert(sizeof(maxdev_host_api) == 40 && alignof(maxdev_host_api) == 8,
+static_assert(sizeof(maxdev_host_api) == 48 && alignof(maxdev_host_api) == 8,
               "maxdev_host_api (a new minor appends: update the total, keep the fields)");
 FROZEN(maxdev_host_api, struct_size, 0, 8);
 FROZEN(maxdev_host_api, abi_major, 8, 4);
@@ -111,6 +111,8 @@ FROZEN(maxdev_host_api, abi_minor, 12, 4);
 FROZEN(maxdev_host_api, alloc_output, 16, 8);
 FROZEN(maxdev_host_api, set_error, 24, 8);
 FROZEN(maxdev_host_api, log, 32, 8);
+// 1.1
+FROZEN(maxdev_host_api, resize_output, 40, 8);
 
 // --- maxdev_call -----------------------------------------------------------
 static_assert(sizeof(maxdev_call) == 56 && alignof(maxdev_call) == 8, "maxdev_call");
@@ -124,7 +126,7 @@ FROZEN(maxdev_call, num_outputs, 44, 4);
 FROZEN(maxdev_call, outputs, 48, 8);
 
 // --- maxdev_kernel_def -----------------------------------------------------
-static_assert(sizeof(maxdev_kernel_def) == 48 && alignof(maxdev_kernel_def) == 8,
+static_assert(sizeof(maxdev_kernel_def) == 64 && alignof(maxdev_kernel_def) == 8,
               "maxdev_kernel_def");
 FROZEN(maxdev_kernel_def, struct_size, 0, 8);
 FROZEN(maxdev_kernel_def, op, 8, 8);
@@ -132,6 +134,9 @@ FROZEN(maxdev_kernel_def, schema, 16, 8);
 FROZEN(maxdev_kernel_def, fn, 24, 8);
 FROZEN(maxdev_kernel_def, dtypes, 32, 8);
 FROZEN(maxdev_kernel_def, flags, 40, 8);
+// 1.1
+FROZEN(maxdev_kernel_def, meta, 48, 8);
+FROZEN(maxdev_kernel_def, backward, 56, 8);
 
 // --- maxdev_plugin_def -----------------------------------------------------
 static_assert(sizeof(maxdev_plugin_def) == 64 && alignof(maxdev_plugin_def) == 8,
@@ -176,6 +181,12 @@ static_assert(std::is_same_v<decltype(maxdev_host_api::set_error),
 static_assert(std::is_same_v<decltype(maxdev_host_api::log),
                              void (*)(maxdev_host_context*, int32_t, const char*)>,
               "log signature");
+static_assert(std::is_same_v<decltype(maxdev_host_api::resize_output),
+                             maxdev_status (*)(maxdev_host_context*, int32_t, int32_t,
+                                               const int64_t*, const maxdev_tensor**)>,
+              "resize_output signature");
+static_assert(std::is_same_v<decltype(maxdev_kernel_def::meta), maxdev_kernel_fn>,
+              "meta signature");
 static_assert(std::is_same_v<decltype(maxdev_plugin_def::init),
                              maxdev_status (*)(const maxdev_host_api*, maxdev_host_context*,
                                                void**)>,

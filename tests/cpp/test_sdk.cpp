@@ -71,7 +71,7 @@ void fake_log(maxdev_host_context* ctx, int32_t level, const char* message) {
 }
 
 const maxdev_host_api kHost = {sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR,
-                               fake_alloc, fake_set_error, fake_log};
+                               fake_alloc, fake_set_error, fake_log, nullptr};
 
 // A float32 device tensor over caller-owned storage.
 struct TestTensor {
@@ -456,6 +456,144 @@ TEST(SdkPlugin, DefinePluginWithSdkKernels) {
   maxdev_host_api other = kHost;
   other.abi_major = MAXDEV_ABI_MAJOR + 1;
   EXPECT_EQ(maxdev_plugin_entry(&other, &def), MAXDEV_ERROR);
+}
+
+// --- Helpers every plugin used to rewrite ----------------------------------
+
+// A view over `data` with explicit shape, strides (elements) and offset.
+template <typename T>
+struct View {
+  std::vector<int64_t> shape, strides;
+  maxdev_tensor t{};
+  View(T* data, std::vector<int64_t> s, std::vector<int64_t> st, int64_t offset = 0)
+      : shape(std::move(s)), strides(std::move(st)) {
+    t.data = data;
+    t.byte_offset = static_cast<uint64_t>(offset) * sizeof(T);
+    t.device.device_type = MAXDEV_DEVICE_MAX;
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = maxdev::dtype_of<T>::value;
+    t.shape = shape.data();
+    t.strides = strides.data();
+  }
+  maxdev::Tensor tensor() const { return maxdev::Tensor(&t); }
+};
+
+TEST(SdkHelpers, HalfAndBFloat16RoundToNearestEven) {
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f /* smallest normal */,
+                  5.960464477539063e-08f /* smallest subnormal */}) {
+    EXPECT_EQ(static_cast<float>(maxdev::Half(v)), v) << v;
+  }
+  EXPECT_EQ(static_cast<float>(maxdev::Half(1.0f + 1.0f / 2048)), 1.0f);  // tie: to even
+  EXPECT_EQ(static_cast<float>(maxdev::Half(1.0f + 3.0f / 2048)), 1.0f + 2.0f / 1024);
+  EXPECT_TRUE(std::isinf(static_cast<float>(maxdev::Half(70000.0f))));
+  EXPECT_TRUE(std::isnan(static_cast<float>(maxdev::Half(std::nanf("")))));
+  EXPECT_EQ(static_cast<float>(maxdev::BFloat16(1.0f + 1.0f / 256)), 1.0f);  // tie: to even
+  EXPECT_EQ(static_cast<float>(maxdev::BFloat16(-3.0f)), -3.0f);
+  EXPECT_TRUE(std::isnan(static_cast<float>(maxdev::BFloat16(std::nanf("")))));
+}
+
+TEST(SdkHelpers, DtypeDispatchPicksTheTypeAndDeclinesOthers) {
+  auto name = [](maxdev_dtype d) {
+    return maxdev::dispatch_real(d, [](auto tag) {
+      return maxdev::dtype_name(maxdev::dtype_of<typename decltype(tag)::type>::value);
+    });
+  };
+  EXPECT_EQ(name(maxdev::kFloat32), "float32");
+  EXPECT_EQ(name(maxdev::kFloat64), "float64");
+  EXPECT_EQ(name(maxdev::kBFloat16), "bfloat16");
+  EXPECT_EQ(name(maxdev::kFloat16), "float16");
+  EXPECT_EQ(name(maxdev::kInt32), "int32");
+  EXPECT_EQ(name(maxdev::kUInt8), "uint8");
+  EXPECT_THROW(name(maxdev::kComplex64), maxdev::Declined);
+  EXPECT_THROW(maxdev::dispatch_floating(maxdev::kInt64, [](auto) { return 0; }), maxdev::Declined);
+}
+
+TEST(SdkHelpers, ScalarValueReadsAnyRealDtype) {
+  int64_t i = -7;
+  double d = 2.5;
+  uint8_t b = 1;
+  maxdev::Half h(0.5f);
+  View<int64_t> vi(&i, {}, {});
+  View<double> vd(&d, {}, {});
+  View<maxdev::Half> vh(&h, {1}, {1});
+  View<uint8_t> vb(&b, {}, {});
+  vb.t.dtype = maxdev::kBool;
+  EXPECT_EQ(maxdev::scalar_value<double>(vi.tensor()), -7.0);
+  EXPECT_EQ(maxdev::scalar_value<float>(vd.tensor()), 2.5f);
+  EXPECT_EQ(maxdev::scalar_value<double>(vh.tensor()), 0.5);
+  EXPECT_EQ(maxdev::scalar_value<int>(vb.tensor()), 1);
+  float two[2] = {1, 2};
+  View<float> many(two, {2}, {1});
+  EXPECT_THROW(maxdev::scalar_value<float>(many.tensor()), maxdev::Error);
+}
+
+TEST(SdkHelpers, OverlapTellsSameDisjointAndPartial) {
+  float buf[8] = {};
+  View<float> all(buf, {8}, {1});
+  View<float> first(buf, {4}, {1});
+  View<float> second(buf, {4}, {1}, 4);
+  View<float> shifted(buf, {4}, {1}, 2);
+  View<float> reversed(buf, {8}, {-1}, 7);
+  EXPECT_EQ(maxdev::overlap(first.tensor(), first.tensor()), maxdev::Overlap::same);
+  EXPECT_EQ(maxdev::overlap(first.tensor(), second.tensor()), maxdev::Overlap::none);
+  EXPECT_EQ(maxdev::overlap(first.tensor(), shifted.tensor()), maxdev::Overlap::partial);
+  EXPECT_EQ(maxdev::overlap(all.tensor(), reversed.tensor()), maxdev::Overlap::partial);
+  EXPECT_THROW(maxdev::check_no_partial_overlap(first.tensor(), {second.tensor(), shifted.tensor()}),
+               maxdev::Error);
+  EXPECT_NO_THROW(maxdev::check_no_partial_overlap(first.tensor(), {first.tensor(), second.tensor()}));
+}
+
+TEST(SdkHelpers, BroadcastShape) {
+  const int64_t a[] = {2, 1, 3}, b[] = {4, 1}, c[] = {5};
+  EXPECT_EQ(maxdev::broadcast_shape({maxdev::ArrayView<int64_t>(a, 3), maxdev::ArrayView<int64_t>(b, 2)}),
+            (std::vector<int64_t>{2, 4, 3}));
+  EXPECT_THROW(maxdev::broadcast_shape({maxdev::ArrayView<int64_t>(a, 3), maxdev::ArrayView<int64_t>(c, 1)}),
+               maxdev::Error);
+}
+
+TEST(SdkHelpers, ElementwiseBroadcastsAndFollowsAnyStrides) {
+  // a: 2x3 transposed view of a 3x2 buffer; b: a row [3] broadcast over rows,
+  // read backwards (negative stride); out: contiguous 2x3.
+  double abuf[6] = {0, 1, 2, 3, 4, 5};  // as 3x2: a[i][j] = abuf[j*2 + i]
+  double bbuf[3] = {30, 20, 10};
+  double obuf[6] = {};
+  View<double> a(abuf, {2, 3}, {1, 2});
+  View<double> b(bbuf, {3}, {-1}, 2);  // b = [10, 20, 30]
+  View<double> out(obuf, {2, 3}, {3, 1});
+  maxdev::elementwise<double>(out.tensor(), [](double x, double y) { return x + y; }, a.tensor(), b.tensor());
+  EXPECT_EQ(std::vector<double>(obuf, obuf + 6), (std::vector<double>{10, 22, 34, 11, 23, 35}));
+  // A 0-dim operand broadcasts everywhere; a stride-0 (expanded) one too.
+  double s = 100;
+  View<double> scalar(&s, {}, {});
+  View<double> expanded(bbuf, {2, 3}, {0, 1});
+  maxdev::elementwise<double>(out.tensor(), [](double x, double y) { return x - y; }, expanded.tensor(),
+                              scalar.tensor());
+  EXPECT_EQ(std::vector<double>(obuf, obuf + 6), (std::vector<double>{-70, -80, -90, -70, -80, -90}));
+  View<float> wrong(nullptr, {2, 3}, {3, 1});
+  EXPECT_THROW(maxdev::elementwise<double>(out.tensor(), [](double x) { return x; }, wrong.tensor()),
+               maxdev::Error);
+  View<double> mismatched(abuf, {4}, {1});
+  EXPECT_THROW(maxdev::elementwise<double>(out.tensor(), [](double x) { return x; }, mismatched.tensor()),
+               maxdev::Error);
+}
+
+TEST(SdkHelpers, ContiguousOperandsRunAsOneSpanAndEmptyOnesNotAtAll) {
+  float buf[24] = {};
+  View<float> x(buf, {2, 3, 4}, {12, 4, 1});
+  int runs = 0;
+  int64_t seen = 0;
+  maxdev::for_each_run<2>(x.tensor().shape(), {x.tensor(), x.tensor()},
+                          [&](const std::array<char*, 2>&, int64_t n, const std::array<int64_t, 2>& step) {
+                            ++runs;
+                            seen += n;
+                            EXPECT_EQ(step[0], 4);
+                          });
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(seen, 24);
+  View<float> empty(buf, {0, 3}, {3, 1});
+  maxdev::for_each_run<1>(empty.tensor().shape(), {empty.tensor()},
+                          [&](const std::array<char*, 1>&, int64_t, const std::array<int64_t, 1>&) { ++runs; });
+  EXPECT_EQ(runs, 1);
 }
 
 }  // namespace

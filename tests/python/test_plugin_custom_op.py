@@ -35,7 +35,7 @@ def test_rms_norm_matches_python(sdk_example, shape):
 
 
 def test_rms_norm_declared_by_plugin(sdk_example):
-    assert sdk_example.defines == ["myplug::rms_norm"]
+    assert sdk_example.defines == ["myplug::rms_norm", "myplug::swiglu", "myplug::swiglu_backward"]
     schema = str(torch.ops.myplug.rms_norm.default._schema)
     assert schema == "myplug::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor"
 

@@ -48,7 +48,8 @@ def test_list_ops_filters_by_plugin(load_plugin, plugin_file, fixture_file):
     sdk = load_plugin(plugin_file("sdk_example"))
     good = load_plugin(fixture_file("good"))
     by_sdk = {e["op"] for e in max_device.list_ops(sdk)}
-    assert by_sdk == {"myplug::rms_norm", "aten::silu.out", "aten::silu", "aten::silu_"}
+    assert by_sdk == {"myplug::rms_norm", "myplug::swiglu", "myplug::swiglu_backward", "aten::silu.out",
+                      "aten::silu", "aten::silu_"}
     by_name = {e["op"] for e in max_device.list_ops("sdk_example")}
     assert by_name == by_sdk
     by_good = [e for e in max_device.list_ops(good) if not e["via"]]
@@ -65,18 +66,23 @@ def test_list_ops_filters_by_plugin(load_plugin, plugin_file, fixture_file):
 def test_inspect_fields_and_str(plugin_file):
     m = max_device.inspect(plugin_file("sdk_example"))
     assert isinstance(m, max_device.Manifest)
-    assert (m.name, m.version, m.abi) == ("sdk_example", "1.0.0", "1.0")
+    assert (m.name, m.version, m.abi) == ("sdk_example", "1.0.0", "1.1")
     assert m.exported_symbols == ["maxdev_plugin_entry"]
-    assert [k.op for k in m.kernels] == ["myplug::rms_norm", "aten::silu.out"]
-    rms, silu = m.kernels
+    assert [k.op for k in m.kernels] == ["myplug::rms_norm", "myplug::swiglu", "myplug::swiglu_backward",
+                                         "aten::silu.out"]
+    rms, swiglu, _, silu = m.kernels
     assert rms.schema == "myplug::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor"
     assert silu.schema == ""
-    assert rms.dtypes != 0 and silu.dtypes == rms.dtypes  # float32 only
+    assert rms.dtypes != 0 and silu.dtypes == rms.dtypes != swiglu.dtypes  # float32; float32 | float64
     assert rms.flags != 0
     text = str(m)
-    assert text.splitlines()[0] == "sdk_example 1.0.0 (plugin ABI 1.0), 2 kernels"
-    assert "  myplug::rms_norm  defines: myplug::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor" in text
-    assert "  aten::silu.out" in text.splitlines()
+    assert text.splitlines()[0] == "sdk_example 1.0.0 (plugin ABI 1.1), 4 kernels"
+    # each kernel's declared dtypes and flags
+    assert ("  myplug::rms_norm  [float32; contiguous_only,no_cpu_tensors]  defines: "
+            "myplug::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor") in text
+    assert "  aten::silu.out  [float32; contiguous_only,no_cpu_tensors]" in text.splitlines()
+    assert "  myplug::swiglu  [float32,float64; no_cpu_tensors]  defines: " \
+        "myplug::swiglu(Tensor gate, Tensor up) -> Tensor" in text
     assert max_device.list_plugins() == []  # inspect loads nothing
 
 
@@ -84,7 +90,7 @@ def test_cli_inspect(plugin_file):
     result = run_cli("inspect", plugin_file("reference"))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.startswith("reference 1.0.0 (plugin ABI 1.0), 22 kernels")
+    assert out.startswith("reference 1.0.0 (plugin ABI 1.1), 22 kernels")
     for op in ("aten::add.out", "aten::mm.out", "reference::version"):
         assert f"  {op}" in out
 

@@ -38,7 +38,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define MAXDEV_ABI_MAJOR 1
-#define MAXDEV_ABI_MINOR 0
+#define MAXDEV_ABI_MINOR 1
 
 /* The one symbol a plugin exports. */
 #define MAXDEV_ENTRY_SYMBOL "maxdev_plugin_entry"
@@ -194,7 +194,27 @@ typedef struct maxdev_host_api {
 
   /* Log through the host's logger, tagged with the plugin's name. */
   void (*log)(maxdev_host_context* ctx, int32_t level, const char* message);
+
+  /* ABI 1.1 (check MAXDEV_HOST_HAS(host, resize_output) first).
+   * Resize output number `index`, an argument the kernel writes into (an
+   * out= tensor), to `shape` the way PyTorch's own out= kernels do: an
+   * explicit out= reaches the kernel as the user passed it (e.g.
+   * torch.empty(0)), so a kernel calls this with the shape it will write.
+   * A tensor of another shape that is not empty is resized with PyTorch's
+   * deprecation warning, as on the CPU. Stores the resized view in
+   * *out (and in call->outputs[index]); the argument's view in call->args
+   * is stale afterwards. Contiguous if the tensor was reallocated. */
+  maxdev_status (*resize_output)(maxdev_host_context* ctx, int32_t index,
+                                 int32_t ndim, const int64_t* shape,
+                                 const maxdev_tensor** out);
 } maxdev_host_api;
+
+/* Whether the host's function table has `field` (a function added in a
+ * minor version after 1.0). */
+#define MAXDEV_HOST_HAS(host, field)                                \
+  ((host)->struct_size >= offsetof(maxdev_host_api, field) +        \
+                              sizeof((host)->field) &&              \
+   (host)->field != NULL)
 
 /* ---------------------------------------------------------------------------
  * Kernels
@@ -223,6 +243,20 @@ typedef struct maxdev_kernel_def {
   maxdev_kernel_fn fn; /* never NULL */
   uint64_t dtypes;     /* MAXDEV_DTYPE_* mask of accepted dtypes; 0 = any */
   uint64_t flags;      /* MAXDEV_KERNEL_* */
+
+  /* ABI 1.1, both optional (NULL), for ops this plugin defines only. */
+  /* Meta (shape) function: called with the same arguments as fn, but its
+   * tensors carry shapes, strides and dtypes and no data (data == NULL).
+   * It calls alloc_output for every output with the shape and dtype fn
+   * would produce, and computes nothing. FakeTensor, torch.compile and
+   * torch.library.opcheck trace the op through it. */
+  maxdev_kernel_fn meta;
+  /* Autograd link: the name of an op this plugin also serves that computes
+   * the gradients, e.g. "myplug::swiglu_backward". Its arguments are the
+   * gradient of each output, then the forward's arguments; it returns one
+   * tensor per Tensor argument of the forward, in order (an undefined or
+   * zero tensor where there is none). First-order gradients only. */
+  const char* backward;
 } maxdev_kernel_def;
 
 /* ---------------------------------------------------------------------------
@@ -284,7 +318,12 @@ typedef struct maxdev_manifest_record {
  *   MAXDEV_DEFINE_PLUGIN("myplugin", "1.0.0", MY_KERNELS, NULL, NULL)
  *
  * and the macro writes the kernel table, the manifest and the entry point
- * from that one list, so the two can never disagree.
+ * from that one list, so the two can never disagree. A kernel of an op the
+ * plugin defines may add its meta function and backward op (ABI 1.1):
+ *
+ *     K("myplug::swiglu", "myplug::swiglu(Tensor gate, Tensor up) -> Tensor",
+ *       swiglu, MAXDEV_DTYPE_FLOAT32, 0, swiglu_meta,
+ *       "myplug::swiglu_backward")
  * ------------------------------------------------------------------------- */
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -301,12 +340,22 @@ typedef struct maxdev_manifest_record {
 #define MAXDEV_EXTERN_C
 #endif
 
-#define MAXDEV_KERNEL_DEF_(op, schema, fn, dtypes, flags) \
-  {sizeof(maxdev_kernel_def), op, schema, fn, dtypes, flags},
+/* A kernel entry has 5 fields, 6 (+ meta) or 7 (+ meta, backward). */
+#define MAXDEV_PICK_8TH_(a, b, c, d, e, f, g, name, ...) name
+#define MAXDEV_KERNEL_DEF5_(op, schema, fn, dtypes, flags) \
+  {sizeof(maxdev_kernel_def), op, schema, fn, dtypes, flags, NULL, NULL},
+#define MAXDEV_KERNEL_DEF6_(op, schema, fn, dtypes, flags, meta) \
+  {sizeof(maxdev_kernel_def), op, schema, fn, dtypes, flags, meta, NULL},
+#define MAXDEV_KERNEL_DEF7_(op, schema, fn, dtypes, flags, meta, backward) \
+  {sizeof(maxdev_kernel_def), op, schema, fn, dtypes, flags, meta, backward},
+#define MAXDEV_KERNEL_DEF_(...)                                          \
+  MAXDEV_PICK_8TH_(__VA_ARGS__, MAXDEV_KERNEL_DEF7_, MAXDEV_KERNEL_DEF6_, \
+                   MAXDEV_KERNEL_DEF5_, unused)(__VA_ARGS__)
 
-#define MAXDEV_MANIFEST_KERNEL_(op, schema, fn, dtypes, flags)           \
+#define MAXDEV_MANIFEST_RECORD_(op, schema, fn, dtypes, flags, ...)      \
   {MAXDEV_MANIFEST_MAGIC, sizeof(maxdev_manifest_record),               \
    MAXDEV_MANIFEST_KERNEL, 0, 0, dtypes, flags, op, schema},
+#define MAXDEV_MANIFEST_KERNEL_(...) MAXDEV_MANIFEST_RECORD_(__VA_ARGS__, 0)
 
 #define MAXDEV_DEFINE_PLUGIN(name, version, KERNELS, init_fn, teardown_fn) \
   static const maxdev_kernel_def maxdev_kernels_[] = {                     \
@@ -360,6 +409,45 @@ static inline int maxdev_tensor_is_contiguous(const maxdev_tensor* t) {
     expected *= t->shape[d];
   }
   return 1;
+}
+
+/* How an output's memory relates to an input's, as PyTorch judges out= and
+ * in-place arguments: disjoint, the very same elements (in place: fine), or
+ * a partial overlap, which PyTorch refuses ("some elements of the input
+ * tensor and the written-to tensor refer to a single memory location"). */
+#define MAXDEV_OVERLAP_NONE 0
+#define MAXDEV_OVERLAP_SAME 1
+#define MAXDEV_OVERLAP_PARTIAL 2
+
+/* First and one-past-last byte t's elements reach (empty: lo == hi). */
+static inline void maxdev_tensor_extent_(const maxdev_tensor* t, const char** lo, const char** hi) {
+  int64_t low = 0, high = 0, item = (t->dtype.bits + 7) / 8;
+  const char* first = (const char*)maxdev_tensor_data(t);
+  if (maxdev_tensor_numel(t) == 0) {
+    *lo = *hi = first;
+    return;
+  }
+  for (int32_t d = 0; d < t->ndim; ++d) {
+    const int64_t span = (t->shape[d] - 1) * t->strides[d];
+    if (span < 0) low += span; else high += span;
+  }
+  *lo = first + low * item;
+  *hi = first + (high + 1) * item;
+}
+
+static inline int maxdev_tensor_overlap(const maxdev_tensor* a, const maxdev_tensor* b) {
+  const char *alo, *ahi, *blo, *bhi;
+  maxdev_tensor_extent_(a, &alo, &ahi);
+  maxdev_tensor_extent_(b, &blo, &bhi);
+  if (alo == ahi || blo == bhi || ahi <= blo || bhi <= alo) return MAXDEV_OVERLAP_NONE;
+  if (maxdev_tensor_data(a) != maxdev_tensor_data(b) || a->ndim != b->ndim ||
+      a->dtype.bits != b->dtype.bits)
+    return MAXDEV_OVERLAP_PARTIAL;
+  for (int32_t d = 0; d < a->ndim; ++d) {
+    if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->strides[d] != b->strides[d]))
+      return MAXDEV_OVERLAP_PARTIAL;
+  }
+  return MAXDEV_OVERLAP_SAME;
 }
 
 /* Whether t has the given dtype. */

@@ -29,8 +29,11 @@
 #error "max_device/plugin.hpp needs C++17; C plugins include max_device/plugin.h"
 #endif
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <optional>
@@ -38,6 +41,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "max_device/plugin.h"
@@ -358,6 +362,27 @@ class Call {
     return alloc_output(i, dtype, shape.data(), shape.size());
   }
 
+  // Resize output i, an out= argument, to `shape` the way PyTorch's out=
+  // kernels do (an explicit out= reaches the kernel as the user passed it,
+  // e.g. empty): call it with the shape the kernel will write. Returns the
+  // resized tensor (output(i) returns it too). Needs a host of ABI >= 1.1.
+  Tensor resize_output(int i, const int64_t* shape, size_t ndim) const {
+    check_output_index(i);
+    if (!MAXDEV_HOST_HAS(c_->host, resize_output))
+      throw Error("this max_device host (ABI < 1.1) has no resize_output");
+    const maxdev_tensor* t = nullptr;
+    if (c_->host->resize_output(c_->ctx, i, static_cast<int32_t>(ndim), shape, &t) != MAXDEV_OK ||
+        t == nullptr)
+      throw Error("resize_output(" + std::to_string(i) + ") failed");
+    return Tensor(t);
+  }
+  Tensor resize_output(int i, const std::vector<int64_t>& shape) const {
+    return resize_output(i, shape.data(), shape.size());
+  }
+  Tensor resize_output(int i, ArrayView<int64_t> shape) const {
+    return resize_output(i, shape.data(), shape.size());
+  }
+
   // Log through the host's logger (MAXDEV_LOG_*).
   void log(int32_t level, const std::string& message) const {
     if (c_->host->log != nullptr) c_->host->log(c_->ctx, level, message.c_str());
@@ -388,6 +413,301 @@ class Call {
 
   const maxdev_call* c_;
 };
+
+
+// ---------------------------------------------------------------------------
+// 16-bit floating types, for data<T>() and the dtype dispatch below: storage
+// only, converted to and from float (round to nearest even).
+// ---------------------------------------------------------------------------
+
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  Half(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a float
+  operator float() const { return to_float(bits); }
+
+  static uint16_t from_float(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t mant = x & 0x7fffffu;
+    const int32_t exp = static_cast<int32_t>((x >> 23) & 0xffu);
+    if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant != 0 ? 0x200u : 0u));
+    const int32_t e = exp - 127 + 15;
+    if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);
+    if (e <= 0) {  // subnormal half (or zero)
+      if (e < -10) return static_cast<uint16_t>(sign);
+      mant |= 0x800000u;
+      const uint32_t shift = static_cast<uint32_t>(14 - e);
+      uint32_t h = mant >> shift;
+      const uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+      if (rem > halfway || (rem == halfway && (h & 1u))) ++h;
+      return static_cast<uint16_t>(sign | h);
+    }
+    uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+    const uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rounds up to the next power (or inf)
+    return static_cast<uint16_t>(h);
+  }
+  static float to_float(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    int32_t exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t x;
+    if (exp == 0x1f) {
+      x = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+      x = sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13);
+    } else if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalize
+      exp = -14;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      x = sign | (static_cast<uint32_t>(exp + 127) << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+  }
+};
+
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  BFloat16(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a float
+  operator float() const {
+    const uint32_t x = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+  }
+  static uint16_t from_float(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+    return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  }
+};
+
+template <> struct dtype_of<Half> { static constexpr maxdev_dtype value = kFloat16; };
+template <> struct dtype_of<BFloat16> { static constexpr maxdev_dtype value = kBFloat16; };
+
+// ---------------------------------------------------------------------------
+// Dtype dispatch: call f(type_tag<T>{}) with the C++ type of `dtype`, e.g.
+//
+//   maxdev::dispatch_floating(x.dtype(), [&](auto tag) {
+//     using T = typename decltype(tag)::type;
+//     ... x.data<T>() ...
+//   });
+//
+// A dtype outside the set throws maxdev::Declined: the call passes down
+// the stack (to PyTorch's kernel), as if the kernel's mask excluded it.
+// ---------------------------------------------------------------------------
+
+template <typename T>
+struct type_tag {
+  using type = T;
+};
+
+// float32, float64, bfloat16, float16.
+template <typename F>
+decltype(auto) dispatch_floating(maxdev_dtype dtype, F&& f) {
+  if (same_dtype(dtype, kFloat32)) return f(type_tag<float>{});
+  if (same_dtype(dtype, kFloat64)) return f(type_tag<double>{});
+  if (same_dtype(dtype, kBFloat16)) return f(type_tag<BFloat16>{});
+  if (same_dtype(dtype, kFloat16)) return f(type_tag<Half>{});
+  throw Declined{};
+}
+
+// uint8, int8, int16, int32, int64.
+template <typename F>
+decltype(auto) dispatch_integral(maxdev_dtype dtype, F&& f) {
+  if (same_dtype(dtype, kInt64)) return f(type_tag<int64_t>{});
+  if (same_dtype(dtype, kInt32)) return f(type_tag<int32_t>{});
+  if (same_dtype(dtype, kInt16)) return f(type_tag<int16_t>{});
+  if (same_dtype(dtype, kInt8)) return f(type_tag<int8_t>{});
+  if (same_dtype(dtype, kUInt8)) return f(type_tag<uint8_t>{});
+  throw Declined{};
+}
+
+// Floating and integral types (not bool, not complex).
+template <typename F>
+decltype(auto) dispatch_real(maxdev_dtype dtype, F&& f) {
+  if (dtype.code == MAXDEV_TYPE_INT || dtype.code == MAXDEV_TYPE_UINT)
+    return dispatch_integral(dtype, std::forward<F>(f));
+  return dispatch_floating(dtype, std::forward<F>(f));
+}
+
+// ---------------------------------------------------------------------------
+// Scalars: the value of a one-element tensor (a 0-dim CPU scalar such as the
+// `other` of torch.mul(x, 2.5), or a device tensor) of any real dtype or bool.
+// ---------------------------------------------------------------------------
+
+template <typename T>
+T scalar_value(const Tensor& t) {
+  if (t.numel() != 1)
+    throw Error("expected a one-element tensor, got " + std::to_string(t.numel()) + " elements");
+  if (t.has_dtype(kBool)) return static_cast<T>(*static_cast<const uint8_t*>(t.data_ptr()) != 0);
+  return dispatch_real(t.dtype(), [&](auto tag) -> T {
+    using S = typename decltype(tag)::type;
+    return static_cast<T>(static_cast<std::conditional_t<std::is_class_v<S>, float, S>>(
+        *static_cast<const S*>(t.data_ptr())));
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Aliasing between an output and an input, as PyTorch judges it for out=
+// and in-place ops: the same elements (in-place is fine), disjoint memory,
+// or a partial overlap (no elementwise kernel can write that correctly).
+// ---------------------------------------------------------------------------
+
+enum class Overlap { none = MAXDEV_OVERLAP_NONE, same = MAXDEV_OVERLAP_SAME, partial = MAXDEV_OVERLAP_PARTIAL };
+
+inline Overlap overlap(const Tensor& a, const Tensor& b) {
+  return static_cast<Overlap>(maxdev_tensor_overlap(a.raw(), b.raw()));
+}
+
+// Throws maxdev::Error (PyTorch's message) when `out` partially overlaps
+// any of `inputs`.
+inline void check_no_partial_overlap(const Tensor& out, std::initializer_list<Tensor> inputs) {
+  for (const Tensor& in : inputs)
+    if (overlap(out, in) == Overlap::partial)
+      throw Error("unsupported operation: some elements of the input tensor and the written-to tensor "
+                  "refer to a single memory location. Please clone() the tensor before performing the "
+                  "operation.");
+}
+
+// ---------------------------------------------------------------------------
+// Broadcasting iteration over N strided tensors (a small TensorIterator).
+// ---------------------------------------------------------------------------
+
+// The broadcast shape of `shapes` (PyTorch's rules); throws maxdev::Error
+// when they do not broadcast.
+inline std::vector<int64_t> broadcast_shape(std::initializer_list<ArrayView<int64_t>> shapes) {
+  size_t ndim = 0;
+  for (const auto& s : shapes) ndim = std::max(ndim, s.size());
+  std::vector<int64_t> out(ndim, 1);
+  for (const auto& s : shapes) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      int64_t& o = out[ndim - s.size() + i];
+      if (s[i] == o || s[i] == 1) continue;
+      if (o != 1) throw Error("shapes do not broadcast: size " + std::to_string(s[i]) + " against " + std::to_string(o));
+      o = s[i];
+    }
+  }
+  return out;
+}
+
+// Visits every element of `shape` with N operands broadcast to it: calls
+// body(ptrs, n, steps) for runs of n elements, where ptrs[k] points at
+// operand k's first element of the run and steps[k] is its byte stride
+// within the run (0 for a broadcast dimension). Dimensions that are
+// contiguous for every operand are merged first, so a contiguous problem
+// is one run. Operand k must broadcast to `shape` (throws maxdev::Error).
+template <size_t N, typename Body>
+void for_each_run(ArrayView<int64_t> shape, const std::array<Tensor, N>& operands, Body&& body) {
+  const size_t ndim = shape.size();
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  if (numel == 0) return;
+  // strides[k][d]: bytes, aligned to `shape` (leading and size-1 dims: 0)
+  std::vector<std::array<int64_t, N>> strides(ndim);
+  std::vector<int64_t> sizes(shape.begin(), shape.end());
+  for (size_t k = 0; k < N; ++k) {
+    const Tensor& t = operands[k];
+    const auto item = static_cast<int64_t>((t.dtype().bits + 7u) / 8u);
+    if (static_cast<size_t>(t.ndim()) > ndim) throw Error("operand has more dimensions than the iteration shape");
+    const size_t lead = ndim - static_cast<size_t>(t.ndim());
+    for (size_t d = 0; d < ndim; ++d) {
+      if (d < lead) {
+        strides[d][k] = 0;
+        continue;
+      }
+      const int64_t size = t.size(static_cast<int64_t>(d - lead));
+      if (size != sizes[d] && size != 1)
+        throw Error("operand " + std::to_string(k) + " of size " + std::to_string(size) + " in dimension " +
+                    std::to_string(d) + " does not broadcast to " + std::to_string(sizes[d]));
+      strides[d][k] = size == 1 ? 0 : t.stride(static_cast<int64_t>(d - lead)) * item;
+    }
+  }
+  // Coalesce: merge dimension d into d+1 (inner) when every operand steps
+  // over d+1 exactly once per step of d.
+  std::vector<int64_t> csizes;
+  std::vector<std::array<int64_t, N>> cstrides;
+  for (size_t d = 0; d < ndim; ++d) {
+    if (sizes[d] == 1) continue;
+    if (!csizes.empty()) {
+      bool mergeable = true;
+      for (size_t k = 0; k < N; ++k) mergeable = mergeable && cstrides.back()[k] == strides[d][k] * sizes[d];
+      if (mergeable) {
+        csizes.back() *= sizes[d];
+        cstrides.back() = strides[d];
+        continue;
+      }
+    }
+    csizes.push_back(sizes[d]);
+    cstrides.push_back(strides[d]);
+  }
+  if (csizes.empty()) {  // every dimension has size 1
+    csizes.push_back(1);
+    cstrides.push_back({});
+  }
+  const size_t inner = csizes.size() - 1;
+  std::array<char*, N> base;
+  for (size_t k = 0; k < N; ++k) base[k] = static_cast<char*>(operands[k].data_ptr());
+  std::vector<int64_t> index(inner, 0);
+  const int64_t runs = numel / csizes[inner];
+  for (int64_t r = 0; r < runs; ++r) {
+    std::array<char*, N> ptrs = base;
+    for (size_t d = 0; d < inner; ++d)
+      for (size_t k = 0; k < N; ++k) ptrs[k] += index[d] * cstrides[d][k];
+    body(ptrs, csizes[inner], cstrides[inner]);
+    for (size_t d = inner; d-- > 0;) {  // odometer over the outer dimensions
+      if (++index[d] < csizes[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+
+template <typename T, typename F, size_t N, size_t... I>
+void elementwise_run_contiguous(T* out, int64_t n, F& f, const std::array<char*, N>& p, std::index_sequence<I...>) {
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(f(reinterpret_cast<const T*>(p[I + 1])[j]...));
+}
+template <typename T, typename F, size_t N, size_t... I>
+void elementwise_run_strided(int64_t n, F& f, const std::array<char*, N>& p, const std::array<int64_t, N>& step,
+                             std::index_sequence<I...>) {
+  for (int64_t j = 0; j < n; ++j)
+    *reinterpret_cast<T*>(p[0] + j * step[0]) =
+        static_cast<T>(f(*reinterpret_cast<const T*>(p[I + 1] + j * step[I + 1])...));
+}
+
+// out[i] = f(in0[i], in1[i], ...) over out's shape, inputs broadcast to it,
+// every operand of element type T (see dispatch_floating). Any strides,
+// including negative and 0; a contiguous run is a plain loop. Reads all
+// inputs of an element before writing it, so out may be an input (in-place)
+// but must not partially overlap one (check_no_partial_overlap).
+template <typename T, typename F, typename... In>
+void elementwise(const Tensor& out, F&& f, const In&... in) {
+  constexpr size_t N = sizeof...(In) + 1;
+  const std::array<Tensor, N> operands{out, in...};
+  for (const Tensor& t : operands)
+    if (!same_dtype(t.dtype(), dtype_of<T>::value))
+      throw Error("elementwise<" + dtype_name(dtype_of<T>::value) + ">: operand has dtype " + dtype_name(t.dtype()));
+  for_each_run<N>(out.shape(), operands, [&](const std::array<char*, N>& p, int64_t n, const std::array<int64_t, N>& step) {
+    bool unit = true;
+    for (size_t k = 0; k < N; ++k) unit = unit && step[k] == static_cast<int64_t>(sizeof(T));
+    if (unit) {  // contiguous fast path
+      T* o = reinterpret_cast<T*>(p[0]);
+      elementwise_run_contiguous<T>(o, n, f, p, std::make_index_sequence<N - 1>{});
+    } else {
+      elementwise_run_strided<T>(n, f, p, step, std::make_index_sequence<N - 1>{});
+    }
+  });
+}
 
 // ---------------------------------------------------------------------------
 // The boundary: from `void fn(maxdev::Call&)` to a C maxdev_kernel_fn.

@@ -1,0 +1,34 @@
+"""ABI 1.1 on a host that also loads 1.0 plugins: the old kernel table at
+its own stride, and the host's resize_output for out= tensors."""
+
+import pytest
+import torch
+
+import max_device
+
+from conftest import op_stats
+
+DEVICE = "max_device"
+
+
+def test_a_plugin_built_at_abi_1_0_loads_and_every_kernel_runs(load_plugin, fixture_file):
+    plugin = load_plugin(fixture_file("abi_1_0"))
+    assert plugin.abi == "1.0" and plugin.ops == ["aten::neg.out", "aten::abs.out"]
+    x = torch.tensor([-1.5, 2.0, -3.0])
+    assert torch.neg(x.to(DEVICE)).cpu().tolist() == [1.5, -2.0, 3.0]
+    out = torch.empty(3, device=DEVICE)
+    torch.abs(x.to(DEVICE), out=out)  # the second 48-byte entry of the table
+    assert out.cpu().tolist() == [1.5, 2.0, 3.0]
+    assert op_stats("aten::abs.out")[0] == 1
+
+
+@pytest.mark.parametrize("out_shape", [(0,), (2, 2), (7,)])
+def test_resize_output_follows_pytorchs_out_rules(load_plugin, plugin_file, out_shape):
+    load_plugin(plugin_file("sdk_example"))  # its silu.out resizes out= through the host
+    x = torch.randn(5)
+    out = torch.empty(out_shape, device=DEVICE)
+    # (a non-empty one with PyTorch's deprecation warning, as on the CPU)
+    result = torch.ops.aten.silu.out(x.to(DEVICE), out=out)
+    assert result is out and out.shape == (5,)
+    torch.testing.assert_close(out.cpu(), torch.nn.functional.silu(x))
+    assert op_stats("aten::silu.out")[0] == 1
