@@ -84,7 +84,32 @@ std::pair<std::string, std::string> OpSlot::unserved() const {
   return {unserved_plugin_, unserved_file_};
 }
 
-bool staged_on_this_thread() { return OpTable::staged_table != nullptr; }
+bool staged_on_this_thread() { return OpTable::staged_table() != nullptr; }
+
+namespace {
+constexpr std::string_view kStagedTableName = "max_device staged dispatch table";
+const c10::DebugInfoKind kStagedTable(&kStagedTableName);
+
+struct StagedTableInfo final : c10::DebugInfoBase {
+  explicit StagedTableInfo(const DispatchTable* table) : table(table) {}
+  const DispatchTable* table;
+};
+}  // namespace
+
+OpTable::Staged::Staged(const DispatchTable* table)
+    : guard_(std::make_unique<c10::DebugInfoGuard>(kStagedTable, std::make_shared<StagedTableInfo>(table))) {
+  staging_.fetch_add(1, std::memory_order_relaxed);
+}
+
+OpTable::Staged::~Staged() {
+  guard_.reset();
+  staging_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+const DispatchTable* OpTable::staged_from_debug_info() {
+  const auto* info = static_cast<const StagedTableInfo*>(c10::ThreadLocalDebugInfo::get(kStagedTable));
+  return info != nullptr ? info->table : nullptr;
+}
 
 namespace {
 std::atomic<CallErrorHook> call_error_hook{nullptr};

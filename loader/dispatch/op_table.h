@@ -12,6 +12,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <atomic>
 #include <memory>
@@ -135,21 +136,24 @@ class OpTable {
   // ReadGuard): a staged candidate while one is being validated on this
   // thread, else the published table.
   const DispatchTable* current() const {
-    const DispatchTable* staged = staged_table;
+    const DispatchTable* staged = staged_table();
     return staged != nullptr ? staged : current_.load(std::memory_order_acquire);
   }
 
   // While alive, calls on this thread see `table` instead of the published
-  // one: a version is validated before anyone else can reach it.
+  // one: a version is validated before anyone else can reach it. The
+  // autograd engine's threads working for this thread see it too (it
+  // travels in PyTorch's thread-local debug info, which the engine hands
+  // them), so a validation's backward passes reach the staged version.
   class Staged {
    public:
-    explicit Staged(const DispatchTable* table) : previous_(staged_table) { staged_table = table; }
-    ~Staged() { staged_table = previous_; }
+    explicit Staged(const DispatchTable* table);
+    ~Staged();
     Staged(const Staged&) = delete;
     Staged& operator=(const Staged&) = delete;
 
    private:
-    const DispatchTable* previous_;
+    std::unique_ptr<c10::DebugInfoGuard> guard_;
   };
 
  private:
@@ -163,7 +167,13 @@ class OpTable {
 
   mutable std::mutex slots_mutex_;
   std::vector<std::unique_ptr<OpSlot>> slots_;
-  static inline thread_local const DispatchTable* staged_table = nullptr;
+  // The staged table calls on this thread see, if any. Outside validations
+  // (no table staged anywhere) this is one relaxed load.
+  static const DispatchTable* staged_table() {
+    return staging_.load(std::memory_order_relaxed) == 0 ? nullptr : staged_from_debug_info();
+  }
+  static const DispatchTable* staged_from_debug_info();
+  static inline std::atomic<int> staging_{0};  // Staged objects alive, in any thread
   std::atomic<const DispatchTable*> current_;
   std::unique_ptr<DispatchTable> owned_current_;
 };

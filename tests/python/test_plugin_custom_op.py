@@ -72,7 +72,7 @@ def test_unload_leaves_the_op_defined_and_load_serves_it_again(load_plugin, plug
     for _ in range(2):
         plugin = load_plugin(path)
         kept = torch.ops.myplug.rms_norm.default  # held by Python across the unload
-        assert plugin.defines == ["myplug::rms_norm"]
+        assert "myplug::rms_norm" in plugin.defines
         torch.testing.assert_close(torch.ops.myplug.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6).cpu(),
                                    rms_norm_reference(x, w, 1e-6))
         report = max_device.unload_plugin(plugin)
