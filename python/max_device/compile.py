@@ -15,10 +15,10 @@ whatever plugin serves them then. ``invalidate()`` (torch._dynamo.reset())
 drops every compiled graph so the next call recompiles.
 """
 
+import functools
 import os
 
 import torch
-from torch._dynamo import device_interface as _dynamo_devices
 
 from ._device import (Event, Stream, _exchange_device, _maybe_exchange_device, _set_stream_by_id,
                       current_device, current_stream, device, device_count, get_raw_stream,
@@ -28,51 +28,58 @@ from ._device import (Event, Stream, _exchange_device, _maybe_exchange_device, _
 BACKEND_NAME = "max_device"
 
 
-class MaxDeviceInterface(_dynamo_devices.DeviceInterface):
-    """What dynamo and Inductor ask of a device, answered by torch.max_device."""
+@functools.cache
+def dynamo_interface() -> type:
+    """The dynamo DeviceInterface of max_device (built on first use: defining
+    it imports dynamo, which max_device leaves to torch.compile)."""
+    from torch._dynamo.device_interface import CpuDeviceProperties, DeviceInterface
 
-    device = device
-    Event = Event
-    Stream = Stream
+    class MaxDeviceInterface(DeviceInterface):
+        """What dynamo and Inductor ask of a device, answered by torch.max_device."""
 
-    class Worker:
-        # Kernels run on the host: a compile worker needs no device runtime.
+        device = device
+        Event = Event
+        Stream = Stream
+
+        class Worker:
+            # Kernels run on the host: a compile worker needs no device runtime.
+            @staticmethod
+            def set_device(index: int) -> None:
+                set_device(index)
+
+            @staticmethod
+            def current_device() -> int:
+                return current_device()
+
+            @staticmethod
+            def get_device_properties(device=None):
+                # Inductor sizes reduction splits by multi_processor_count: the
+                # kernels run on the host's cores, as CpuInterface says for "cpu".
+                return CpuDeviceProperties(os.cpu_count() or 1)
+
+        current_device = staticmethod(current_device)
+        set_device = staticmethod(set_device)
+        exchange_device = staticmethod(_exchange_device)
+        maybe_exchange_device = staticmethod(_maybe_exchange_device)
+        device_count = staticmethod(device_count)
+        is_available = staticmethod(is_available)
+        stream = staticmethod(stream)
+        current_stream = staticmethod(current_stream)
+        set_stream = staticmethod(set_stream)
+        _set_stream_by_id = staticmethod(_set_stream_by_id)
+        get_raw_stream = staticmethod(get_raw_stream)
+        synchronize = staticmethod(synchronize)
+        is_bf16_supported = staticmethod(is_bf16_supported)
+        memory_allocated = staticmethod(memory_allocated)
+
         @staticmethod
-        def set_device(index: int) -> None:
-            set_device(index)
+        def get_compute_capability(device=None) -> str:
+            return ""  # as for "cpu": Inductor keys caches on it; the C++ kernels do not depend on it
 
-        @staticmethod
-        def current_device() -> int:
-            return current_device()
-
-        @staticmethod
-        def get_device_properties(device=None):
-            # Inductor sizes reduction splits by multi_processor_count: the
-            # kernels run on the host's cores, as CpuInterface says for "cpu".
-            return _dynamo_devices.CpuDeviceProperties(os.cpu_count() or 1)
-
-    current_device = staticmethod(current_device)
-    set_device = staticmethod(set_device)
-    exchange_device = staticmethod(_exchange_device)
-    maybe_exchange_device = staticmethod(_maybe_exchange_device)
-    device_count = staticmethod(device_count)
-    is_available = staticmethod(is_available)
-    stream = staticmethod(stream)
-    current_stream = staticmethod(current_stream)
-    set_stream = staticmethod(set_stream)
-    _set_stream_by_id = staticmethod(_set_stream_by_id)
-    get_raw_stream = staticmethod(get_raw_stream)
-    synchronize = staticmethod(synchronize)
-
-    is_bf16_supported = staticmethod(is_bf16_supported)
-    memory_allocated = staticmethod(memory_allocated)
-
-    @staticmethod
-    def get_compute_capability(device=None) -> str:
-        return ""  # as for "cpu": Inductor keys caches on it; the C++ kernels do not depend on it
+    return MaxDeviceInterface
 
 
-def _wrapper_codegen_classes():
+def _wrapper_codegen_class():
     """Inductor's Python wrapper, calling the generated C++ kernels directly
     (no stream, no launcher) as it does for "cpu", which it names by string."""
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
@@ -96,13 +103,55 @@ def _wrapper_codegen_classes():
     return WrapperCodegen
 
 
-def _register_inductor_backend(device_type: str) -> None:
-    from torch._inductor.codegen import common
-    from torch._inductor.codegen.cpp import CppScheduling
-    from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
+def _answer_as_cpu(device_type: str) -> None:
+    """Two questions Inductor answers by a "cpu" string test decide how it
+    generates code: which kernel backend a device uses (get_current_backend:
+    any device not named cpu/mps/xpu/tpu gets Triton), and whether a
+    scheduler node is a CPU one (before fusion rewrites written for Triton's
+    kernels only). max_device nodes are CPU C++ kernels: answer as for "cpu"."""
+    import torch._inductor.codegen.common
+    import torch._inductor.kernel.mm_common
+    import torch._inductor.scheduler
+    import torch._inductor.utils
+    from torch._inductor import config
+    from torch._inductor.scheduler import BaseSchedulerNode
+    from torch._inductor.virtualized import V
 
-    common.register_backend_for_device(device_type, CppScheduling, _wrapper_codegen_classes())
-    common.register_device_op_overrides(device_type, CpuDeviceOpOverrides())
+    backend_of = torch._inductor.utils.get_current_backend
+
+    def get_current_backend(device_type_asked=None):
+        asked = device_type_asked or V.graph.get_current_device_or_throw().type
+        return config.cpu_backend if asked == device_type else backend_of(asked)
+
+    # Rebound where Inductor imported the function by name.
+    for module in (torch._inductor.utils, torch._inductor.codegen.common, torch._inductor.scheduler,
+                   torch._inductor.kernel.mm_common):
+        module.get_current_backend = get_current_backend
+
+    cpu_test = BaseSchedulerNode.is_cpu
+
+    def is_cpu(node) -> bool:
+        device = node.get_device()
+        return cpu_test(node) or (device is not None and device.type == device_type)
+
+    BaseSchedulerNode.is_cpu = is_cpu
+
+
+@functools.cache
+def inductor_codegen(device_type: str) -> dict:
+    """What Inductor's init_backend_registration() reads from a PrivateUse1
+    device module (torch.max_device.Scheduling, ...): the CPU's C++ codegen.
+    Asked for while Inductor compiles, so importing its codegen here is safe."""
+    from torch._inductor.codegen.common import register_device_op_overrides
+    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
+    from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+    register_device_op_overrides(device_type, CpuDeviceOpOverrides())
+    _answer_as_cpu(device_type)
+    return {"Scheduling": CppScheduling, "PythonWrapperCodegen": _wrapper_codegen_class(),
+            "CppWrapperCodegen": CppWrapperCpu, "WrapperFxCodegen": WrapperFxCodegen}
 
 
 def _inductor(gm, example_inputs, **kwargs):
@@ -117,11 +166,12 @@ def invalidate() -> None:
 
 
 def register(device_type: str) -> None:
-    """Make torch.compile work for `device_type` (max_device's name); idempotent."""
-    _dynamo_devices.register_interface_for_device(device_type, MaxDeviceInterface)
-    for index in range(device_count()):
-        _dynamo_devices.register_interface_for_device(f"{device_type}:{index}", MaxDeviceInterface)
-    _register_inductor_backend(device_type)
+    """Register `device_type` (max_device's name) with dynamo and as a
+    torch.compile backend; idempotent. Inductor finds its codegen through the
+    device module (inductor_codegen)."""
+    from torch._dynamo.device_interface import register_interface_for_device
+    for name in (device_type, *(f"{device_type}:{i}" for i in range(device_count()))):
+        register_interface_for_device(name, dynamo_interface())
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
     if BACKEND_NAME not in _COMPILER_FNS:
         register_backend(_inductor, name=BACKEND_NAME)
