@@ -127,6 +127,17 @@ def test_inductor_generates_cpp_kernels_and_allocates_on_max_device():
         assert "device='max_device'" in code and "extern_kernels.mm" in code
 
 
+def test_invalidate_drops_compiled_graphs():
+    from max_device.compile import invalidate
+    f = torch.compile(lambda x: x.relu() + 1, backend="aot_eager", fullgraph=True)
+    x = torch.randn(3, device=DEVICE)
+    f(x), f(x)
+    assert counters["stats"]["unique_graphs"] == 1
+    invalidate()
+    f(x)
+    assert counters["stats"]["unique_graphs"] == 2
+
+
 def test_dynamic_sequence_length_compiles_once():
     model = gpt.make_model(CONFIG, seed=0, device=DEVICE)
     compiled_loss = torch.compile(model_loss, fullgraph=True, dynamic=True)
