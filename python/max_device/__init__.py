@@ -17,6 +17,7 @@ import torch
 
 from . import _C  # registers the device with PyTorch (allocator, guard, hooks, kernels)
 from . import _exit
+from ._after_import import call_after_import as _call_after_import
 from ._device import register_device as _register_device
 from ._sharing import install as _install_sharing
 from ._logging import log_level, set_log_level
@@ -39,6 +40,15 @@ _register_device(DEVICE_NAME)
 _exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
 _install_sharing()
 
+
+def _register_compile():
+    # torch.compile support (dynamo device interface, Inductor codegen, the
+    # "max_device" backend), installed when torch.compile first imports dynamo.
+    from .compile import register
+    register(DEVICE_NAME)
+
+
+_call_after_import("torch._dynamo", _register_compile)
 
 __all__ = [
     "ABI_VERSION", "DEVICE_NAME",

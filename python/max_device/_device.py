@@ -8,6 +8,7 @@ MAX_DEVICE_COUNT devices (1..16, default 2), all host memory, whose kernels
 run synchronously.
 """
 
+import functools
 import os
 import types
 
@@ -327,7 +328,17 @@ def _make_module(name: str) -> types.ModuleType:
     module.default_generators = tuple(_C._default_generator(i) for i in range(_DEVICE_COUNT))
     module.default_generator = module.default_generators[0]
     module._initialized = True  # torch.utils.checkpoint stashes device RNG state only if set
+    module.__getattr__ = functools.partial(_inductor_codegen, name)
     return module
+
+
+def _inductor_codegen(device_type: str, attribute: str):
+    """torch.<name>.Scheduling and the wrapper codegens Inductor asks for,
+    imported only then (see compile.py)."""
+    if attribute in ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen"):
+        from .compile import inductor_codegen
+        return inductor_codegen(device_type)[attribute]
+    raise AttributeError(f"module 'torch.{device_type}' has no attribute '{attribute}'")
 
 
 def register_device(name: str) -> None:

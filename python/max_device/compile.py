@@ -1,0 +1,178 @@
+"""torch.compile on max_device.
+
+max_device memory is host RAM, so Inductor's CPU code generation (C++
+kernels compiled with the host compiler, a Python wrapper that calls them)
+runs unchanged on max_device pointers. This module tells dynamo and Inductor
+so: a dynamo device interface built on torch.max_device, CPU scheduling and
+wrapper codegen registered for the device type, and a named backend
+``torch.compile(backend="max_device")``.
+
+What a compiled graph captures: Inductor's own fused kernels are C++ code
+generated at compile time; a plugin swap does not change them. Ops Inductor
+does not lower (extern kernels such as mm/addmm/bmm, fallbacks, plugin
+custom ops) are called through the dispatcher at run time, so they reach
+whatever plugin serves them then. ``invalidate()`` (torch._dynamo.reset())
+drops every compiled graph so the next call recompiles.
+"""
+
+import functools
+import os
+
+import torch
+
+from ._device import (Event, Stream, _exchange_device, _maybe_exchange_device, _set_stream_by_id,
+                      current_device, current_stream, device, device_count, get_raw_stream,
+                      is_available, is_bf16_supported, memory_allocated, set_device, set_stream,
+                      stream, synchronize)
+
+BACKEND_NAME = "max_device"
+
+
+@functools.cache
+def dynamo_interface() -> type:
+    """The dynamo DeviceInterface of max_device (built on first use: defining
+    it imports dynamo, which max_device leaves to torch.compile)."""
+    from torch._dynamo.device_interface import CpuDeviceProperties, DeviceInterface
+
+    class MaxDeviceInterface(DeviceInterface):
+        """What dynamo and Inductor ask of a device, answered by torch.max_device."""
+
+        device = device
+        Event = Event
+        Stream = Stream
+
+        class Worker:
+            # Kernels run on the host: a compile worker needs no device runtime.
+            @staticmethod
+            def set_device(index: int) -> None:
+                set_device(index)
+
+            @staticmethod
+            def current_device() -> int:
+                return current_device()
+
+            @staticmethod
+            def get_device_properties(device=None):
+                # Inductor sizes reduction splits by multi_processor_count: the
+                # kernels run on the host's cores, as CpuInterface says for "cpu".
+                return CpuDeviceProperties(os.cpu_count() or 1)
+
+        current_device = staticmethod(current_device)
+        set_device = staticmethod(set_device)
+        exchange_device = staticmethod(_exchange_device)
+        maybe_exchange_device = staticmethod(_maybe_exchange_device)
+        device_count = staticmethod(device_count)
+        is_available = staticmethod(is_available)
+        stream = staticmethod(stream)
+        current_stream = staticmethod(current_stream)
+        set_stream = staticmethod(set_stream)
+        _set_stream_by_id = staticmethod(_set_stream_by_id)
+        get_raw_stream = staticmethod(get_raw_stream)
+        synchronize = staticmethod(synchronize)
+        is_bf16_supported = staticmethod(is_bf16_supported)
+        memory_allocated = staticmethod(memory_allocated)
+
+        @staticmethod
+        def get_compute_capability(device=None) -> str:
+            return ""  # as for "cpu": Inductor keys caches on it; the C++ kernels do not depend on it
+
+    return MaxDeviceInterface
+
+
+def _wrapper_codegen_class():
+    """Inductor's Python wrapper, calling the generated C++ kernels directly
+    (no stream, no launcher) as it does for "cpu", which it names by string."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+
+    class HostKernelCalls:
+        def _generate_kernel_call_helper(self, kernel_name, call_args, *, triton=True, **kwargs):
+            if triton:
+                return super()._generate_kernel_call_helper(kernel_name, call_args, triton=triton, **kwargs)
+            self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+
+    class SubgraphWrapperCodegen(HostKernelCalls, SubgraphPythonWrapperCodegen):
+        pass
+
+    class WrapperCodegen(HostKernelCalls, PythonWrapperCodegen):
+        @staticmethod
+        def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            if is_subgraph:
+                return SubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+            return WrapperCodegen()
+
+    return WrapperCodegen
+
+
+def _answer_as_cpu(device_type: str) -> None:
+    """Two questions Inductor answers by a "cpu" string test decide how it
+    generates code: which kernel backend a device uses (get_current_backend:
+    any device not named cpu/mps/xpu/tpu gets Triton), and whether a
+    scheduler node is a CPU one (before fusion rewrites written for Triton's
+    kernels only). max_device nodes are CPU C++ kernels: answer as for "cpu"."""
+    import torch._inductor.codegen.common
+    import torch._inductor.kernel.mm_common
+    import torch._inductor.scheduler
+    import torch._inductor.utils
+    from torch._inductor import config
+    from torch._inductor.scheduler import BaseSchedulerNode
+    from torch._inductor.virtualized import V
+
+    backend_of = torch._inductor.utils.get_current_backend
+
+    def get_current_backend(device_type_asked=None):
+        asked = device_type_asked or V.graph.get_current_device_or_throw().type
+        return config.cpu_backend if asked == device_type else backend_of(asked)
+
+    # Rebound where Inductor imported the function by name.
+    for module in (torch._inductor.utils, torch._inductor.codegen.common, torch._inductor.scheduler,
+                   torch._inductor.kernel.mm_common):
+        module.get_current_backend = get_current_backend
+
+    cpu_test = BaseSchedulerNode.is_cpu
+
+    def is_cpu(node) -> bool:
+        device = node.get_device()
+        return cpu_test(node) or (device is not None and device.type == device_type)
+
+    BaseSchedulerNode.is_cpu = is_cpu
+
+
+@functools.cache
+def inductor_codegen(device_type: str) -> dict:
+    """What Inductor's init_backend_registration() reads from a PrivateUse1
+    device module (torch.max_device.Scheduling, ...): the CPU's C++ codegen.
+    Asked for while Inductor compiles, so importing its codegen here is safe."""
+    from torch._inductor.codegen.common import register_device_op_overrides
+    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
+    from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+    register_device_op_overrides(device_type, CpuDeviceOpOverrides())
+    _answer_as_cpu(device_type)
+    return {"Scheduling": CppScheduling, "PythonWrapperCodegen": _wrapper_codegen_class(),
+            "CppWrapperCodegen": CppWrapperCpu, "WrapperFxCodegen": WrapperFxCodegen}
+
+
+def _inductor(gm, example_inputs, **kwargs):
+    from torch._inductor.compile_fx import compile_fx
+    return compile_fx(gm, example_inputs, **kwargs)
+
+
+def invalidate() -> None:
+    """Drop every compiled graph (all devices): the next call of a compiled
+    function recompiles, generating its kernels anew."""
+    torch._dynamo.reset()
+
+
+def register(device_type: str) -> None:
+    """Register `device_type` (max_device's name) with dynamo and as a
+    torch.compile backend; idempotent. Inductor finds its codegen through the
+    device module (inductor_codegen)."""
+    from torch._dynamo.device_interface import register_interface_for_device
+    for name in (device_type, *(f"{device_type}:{i}" for i in range(device_count()))):
+        register_interface_for_device(name, dynamo_interface())
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+    if BACKEND_NAME not in _COMPILER_FNS:
+        register_backend(_inductor, name=BACKEND_NAME)
+
