@@ -38,7 +38,8 @@ class Watch:
     did; ``stop()`` ends it."""
 
     def __init__(self, target: PathArg, debounce: float = DEFAULT_DEBOUNCE, *, pattern: Optional[str] = None,
-                 preflight: bool = True, validate: bool = False, isolate: bool = False, timeout: float = 120.0):
+                 preflight: bool = True, validate: bool = False, isolate: bool = False, timeout: float = 120.0,
+                 samples=None, references=None):
         if isinstance(debounce, bool) or not isinstance(debounce, (int, float)) or not math.isfinite(debounce) \
                 or not 0 <= debounce <= 60:
             raise ValueError(f"debounce must be a number of seconds from 0 to 60, got {debounce!r}")
@@ -47,7 +48,8 @@ class Watch:
         self.target = _path_text(target)
         self.pattern = pattern
         self._reload_options: Dict[str, Any] = dict(preflight=preflight and not isolate, validate=validate,
-                                                    isolate=isolate, timeout=timeout)
+                                                    isolate=isolate, timeout=timeout, samples=samples,
+                                                    references=references)
         self._events: List[dict] = []
         self._lock = threading.Lock()
         self._watcher = _C._Watcher(os.fsencode(self.target), float(debounce), pattern or "", self._on_ready)
@@ -105,7 +107,8 @@ class Watch:
 
 
 def watch(target: PathArg, debounce: float = DEFAULT_DEBOUNCE, *, pattern: Optional[str] = None,
-          preflight: bool = True, validate: bool = False, isolate: bool = False, timeout: float = 120.0) -> Watch:
+          preflight: bool = True, validate: bool = False, isolate: bool = False, timeout: float = 120.0,
+          samples=None, references=None) -> Watch:
     """Watch a plugin file, or a directory of plugin files; returns a
     ``Watch`` (also a context manager) whose ``stop()`` ends it.
 
@@ -116,9 +119,11 @@ def watch(target: PathArg, debounce: float = DEFAULT_DEBOUNCE, *, pattern: Optio
     ``preflight`` (default True: the new build is opened in a fork of this
     process first), ``validate`` (compare its kernels with the CPU before
     publishing), ``isolate`` (the check in a fresh interpreter instead of
-    a fork), ``timeout`` (seconds for a child)."""
+    a fork), ``timeout`` (seconds for a child), ``samples``/``references``
+    (inputs and reference functions that validation checks custom ops with,
+    as in ``testing.check_plugin``)."""
     return Watch(target, debounce, pattern=pattern, preflight=preflight, validate=validate, isolate=isolate,
-                 timeout=timeout)
+                 timeout=timeout, samples=samples, references=references)
 
 
 @atexit.register
