@@ -303,7 +303,6 @@ def load_plugin(path: PathArg, *, name: Optional[str] = None, sha256: Optional[s
                      references) if validate or isolate or preflight else {}
     info = _C._load_plugin(os.fsencode(path), name, origin=origin, sha256=pinned,
                            allow_untrusted=allow_untrusted, allow_composite=allow_composite, **checks)
-    _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
 
@@ -350,7 +349,6 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *,
     info = _C._reload_plugin(name, None if path is None else os.fsencode(path), force, origin=origin,
                              sha256=pinned, allow_untrusted=allow_untrusted, allow_composite=allow_composite,
                              id=load_id, **checks)
-    _forget_python_op_caches(info["defines"])
     return Plugin(info)
 
 
@@ -441,13 +439,3 @@ def set_kernel_checks(enabled: bool) -> None:
 
 def kernel_checks() -> bool:
     return _C._kernel_checks()
-
-
-def _forget_python_op_caches(ops: List[str]) -> None:
-    """torch.ops caches op packets; drop them so a (re)defined op resolves anew."""
-    for qualified in ops:
-        ns, _, name = qualified.partition("::")
-        namespace = getattr(torch.ops, ns, None)
-        packet = name.split(".", 1)[0]
-        if namespace is not None and packet in namespace.__dict__:
-            delattr(namespace, packet)

@@ -215,7 +215,8 @@ def test_plugin_ops_in_a_compiled_graph_reach_the_swapped_version(reference_copy
     torch.testing.assert_close(compiled_mm(x, w).cpu(), extern_mm(x.cpu(), w.cpu()), **INDUCTOR_TOL)
     assert calls_served_by("aten::mm.out", "reference@2.0.0") == v2_calls + 1
     assert counters["stats"]["unique_graphs"] == 2
-    # A swap re-creates the plugin's op objects (torch.ops.reference.version),
-    # which dynamo guards by identity: that graph recompiles, then calls v2.
+    # A plugin's own op keeps its op object across swaps (its definition
+    # outlives every version): that graph is not recompiled either, and its
+    # call reaches v2.
     torch.testing.assert_close(compiled_custom(x, w).cpu(), 2.0 + x.cpu().relu())
-    assert counters["stats"]["unique_graphs"] == 3
+    assert counters["stats"]["unique_graphs"] == 2
