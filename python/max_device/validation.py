@@ -17,6 +17,7 @@ torch), for when forking this process is not wanted.
 """
 
 import dataclasses
+import faulthandler
 import json
 import os
 import resource
@@ -91,7 +92,8 @@ def preflight_check(path: str, plugin: str, reload: bool, validate: bool, timeou
             code = 1
             try:
                 os.close(read_end)
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash here is expected: no core file
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash here is expected: no core file,
+                faulthandler.disable()                              # no traceback (the parent reports it)
                 result = _preflight_child(snapshot, plugin, reload, validate, samples, references)
                 code = 0 if "ok" in result else 1
             except BaseException as e:  # noqa: B036 - everything must be reported
