@@ -141,7 +141,8 @@ void forget_parent_directory() {
 void refuse_if_being_written(const struct stat& st, const std::string& when, const ErrorContext& ctx) {
   const auto writers = writers_of(st);
   if (!writers.empty()) {
-    ctx.fail(ErrorKind::busy, "is still being written (open for writing by " + describe(writers) + ") " + when +
+    ctx.fail(ErrorKind::busy, "is still being written (open for writing by " + describe(writers) + ")" +
+                                  (when.empty() ? "" : " " + when) +
                                   "; nothing was loaded: try again once it is closed");
   }
 }
