@@ -94,3 +94,43 @@ def test_cli_watch_reports_a_reload(tmp_path, plugin_file):
     finally:
         child.kill()
         child.communicate()
+
+
+def test_pattern_loads_new_matching_files_only(tmp_path, plugin_file):
+    with max_device.watch(tmp_path, debounce=0.05, pattern="lib*.so") as w:
+        rename_into_place(plugin_file("reference"), tmp_path / "notes.so")  # does not match
+        rename_into_place(plugin_file("reference"), tmp_path / "libkernels.so")
+        events = wait_for_events(w, 1)
+        time.sleep(0.3)  # the non-matching file's debounce has long passed
+        events = w.events()
+    try:
+        assert [e["file"] for e in events] == [str(tmp_path / "libkernels.so")], events
+        assert events[0]["reloaded"] and events[0]["message"] == "loaded reference 1.0.0", events
+        assert [os.path.realpath(p.path) for p in max_device.list_plugins()] == [str(tmp_path / "libkernels.so")]
+        assert version() == 1.0
+    finally:
+        for p in max_device.list_plugins():
+            max_device.unload_plugin(p.name)
+
+
+@pytest.mark.parametrize("gate", ["preflight=True", "isolate=True"])
+def test_a_watch_left_running_ends_with_the_interpreter(tmp_path, plugin_file, gate):
+    from conftest import run_python
+    path = tmp_path / "libkernels.so"
+    shutil.copyfile(plugin_file("reference"), path)
+    # The watch's thread calls Python: the interpreter's exit must end it,
+    # even mid-reload (an isolated check takes seconds), without a crash or
+    # a hang, and without publishing half a reload.
+    code = f"""
+import os, shutil, time, max_device
+max_device.load_plugin({str(path)!r})
+w = max_device.watch({str(tmp_path)!r}, debounce=0.0, {gate})
+tmp = {str(path)!r} + ".tmp"
+shutil.copyfile({plugin_file("reference_v2")!r}, tmp)
+os.replace(tmp, {str(path)!r})
+time.sleep(0.2)
+print("exiting", flush=True)
+"""
+    for _ in range(2):
+        result = run_python(code, timeout=60)
+        assert result.returncode == 0 and result.stdout == "exiting\n", (result.returncode, result.stderr[-2000:])
