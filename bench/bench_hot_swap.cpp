@@ -232,7 +232,9 @@ int readpath(const Args& a) {
 class Declines final : public maxdev::dispatch::Provider {
  public:
   Declines() : Provider("bench", "override") {}
-  bool run(const maxdev::dispatch::OpSlot&, torch::jit::Stack*) override { return false; }
+  bool run(const maxdev::dispatch::OpSlot&, c10::ArrayRef<c10::IValue>, maxdev::dispatch::Returns&) override {
+    return false;
+  }
 };
 
 at::Tensor to_device(const at::Tensor& t) { return t.to(c10::Device(c10::DeviceType::PrivateUse1, 0)); }

@@ -217,8 +217,7 @@ void note_fallback(const c10::OperatorHandle& op) {
   }
 }
 
-c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const size_t num_args = op.schema().arguments().size();
+c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   std::optional<c10::Device> seen;
   std::optional<c10::Device> device_argument;
   auto see = [&](const at::Tensor& t) {
@@ -228,8 +227,7 @@ c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, const torch::jit
                 t.device(), "! (in ", c10::toString(op.operator_name()), ")");
     seen = t.device();
   };
-  for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
-    const c10::IValue& value = stack[i];
+  for (const c10::IValue& value : args) {
     if (value.isTensor()) {
       see(value.toTensor());
     } else if (value.isTensorList()) {
@@ -253,7 +251,7 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, Cpu
   const size_t first = stack->size() - num_args;
 
   // Outputs, grown buffers and the default generator are the op's device's.
-  device::CurrentDeviceScope on_device(op_device_index(op, *stack));
+  device::CurrentDeviceScope on_device(op_device_index(op, torch::jit::last(*stack, num_args)));
   HostAliasScope scope;
   c10::SmallVector<AliasedArg, 4> aliased;
   const c10::Argument* cpu_operand = nullptr;  // a CPU tensor that is not a 0-dim scalar

@@ -21,7 +21,7 @@ using CpuKernel = void (*)(torch::jit::Stack* stack);
 // The max_device device an op call works on: that of its max_device tensor
 // arguments (which must agree, as on CUDA: else a "same device" error), else
 // a max_device `device=` argument, else -1 (the current device).
-c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                     CpuKernel cpu_kernel = nullptr);

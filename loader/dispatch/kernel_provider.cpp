@@ -359,9 +359,8 @@ bool KernelProvider::accepts(const OpSlot& slot, c10::ArrayRef<c10::IValue> args
   return true;
 }
 
-bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
+bool KernelProvider::run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns) {
   const OpSignature& sig = slot.sig;
-  const auto args = torch::jit::last(*stack, sig.args.size());
   if (!accepts(slot, args)) {
     count_decline();
     return false;
@@ -411,13 +410,10 @@ bool KernelProvider::run(const OpSlot& slot, torch::jit::Stack* stack) {
     }
   }
   if (checking) check_contract(*owner_, slot, args, ctx, *read_only);
-  c10::SmallVector<c10::IValue, 2> returns;
   for (size_t i = 0; i < num_outputs; ++i) {
     const int alias = sig.return_aliases[i];
     returns.push_back(alias >= 0 ? args[static_cast<size_t>(alias)] : std::move(ctx.outputs[i]));
   }
-  torch::jit::drop(*stack, sig.args.size());
-  for (auto& r : returns) stack->push_back(std::move(r));
   return true;
 }
 

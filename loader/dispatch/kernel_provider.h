@@ -27,7 +27,7 @@ struct KernelOwner {
 class KernelProvider final : public Provider {
  public:
   KernelProvider(std::shared_ptr<const KernelOwner> owner, const maxdev_kernel_def& kernel);
-  bool run(const OpSlot& slot, torch::jit::Stack* stack) override;
+  bool run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns) override;
   bool run_meta(const OpSlot& slot, torch::jit::Stack* stack) override;
   const std::string& backward_op() const override { return backward_; }
 

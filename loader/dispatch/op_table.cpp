@@ -6,9 +6,8 @@
 #include <stdexcept>
 
 #include "common/log.h"
-#include "device/allocator.h"
-#include "dispatch/cpu_fallback.h"
 #include "dispatch/epoch.h"
+#include "dispatch/trampoline.h"
 
 namespace maxdev::dispatch {
 namespace {
@@ -22,44 +21,6 @@ constexpr const char* kNativeOps[] = {
     "aten::_thnn_fused_lstm_cell_backward_impl", "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward",
     "aten::_scaled_dot_product_fused_attention_overrideable",
     "aten::_scaled_dot_product_fused_attention_overrideable_backward"};
-
-class Trampoline final : public c10::OperatorKernel {
- public:
-  // The trampoline reaches other threads through the dispatcher's kernel
-  // table, which PyTorch reads without synchronization; the release/acquire
-  // pair on slot_ orders the slot's construction before any call reads it.
-  explicit Trampoline(OpSlot* slot) { slot_.store(slot, std::memory_order_release); }
-
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    const OpSlot* slot = slot_.load(std::memory_order_acquire);
-    // Plugin outputs are allocated on the device of the call.
-    device::CurrentDeviceScope on_device(op_device_index(op, *stack));
-    ReadGuard guard;
-    const DispatchTable* table = OpTable::instance().current();
-    if (slot->index < table->stacks.size()) {
-      const ProviderStack& providers = table->stacks[slot->index];
-      for (auto it = providers.rbegin(); it != providers.rend(); ++it) {
-        if ((*it)->run(*slot, stack)) return;
-      }
-    }
-    if (!slot->has_cpu_kernel) {
-      const auto [plugin, file] = slot->unserved();
-      if (!plugin.empty()) {
-        throw_call_error("unserved", plugin, slot->name, file,
-                         "the plugin that served this op was unloaded, and nothing else serves it; load a "
-                         "plugin that serves it (the op's schema stays defined for the life of the process)");
-      }
-    }
-    TORCH_CHECK_NOT_IMPLEMENTED(slot->has_cpu_kernel, "max_device: no provider of ", slot->name,
-                                " accepted these arguments and it has no CPU kernel to fall back to "
-                                "(see max_device.list_ops() for its providers and their declines)");
-    note_fallback(op);
-    run_cpu_kernel(op, stack);
-  }
-
- private:
-  std::atomic<const OpSlot*> slot_;
-};
 
 std::pair<std::string, std::string> split_name(const std::string& op) {
   const auto dot = op.find('.', op.find("::") == std::string::npos ? 0 : op.find("::") + 2);
@@ -169,15 +130,8 @@ OpSlot& OpTable::slot(const std::string& op) {
   auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
   slot->has_cpu_kernel = checked.handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
   slot->composite_implicit = checked.handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-  const auto [name, overload] = split_name(op);
-  const auto ns = name.substr(0, name.find("::"));
-  slot->registration = std::make_unique<torch::Library>(
-      torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  const std::string local_name = name.substr(ns.size() + 2) + (overload.empty() ? "" : "." + overload);
-  slot->registration->impl(
-      local_name.c_str(),
-      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Trampoline>(slot.get())));
-  log::debug("trampoline registered for " + op);
+  slot->registration.emplace(register_trampoline(slot.get(), &slot->unboxed));
+  log::debug(std::string(slot->unboxed ? "unboxed" : "boxed") + " trampoline registered for " + op);
   slots_.push_back(std::move(slot));
   return *slots_.back();
 }

@@ -12,11 +12,13 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +33,10 @@ namespace maxdev::dispatch {
 
 struct OpSlot;
 
+// An op call's returns, in order (one for every op a plugin may serve but
+// a few): inline storage, no heap allocation per call.
+using Returns = c10::SmallVector<c10::IValue, 2>;
+
 // Whether calls on this thread run against a staged (not yet published)
 // table: validation runs, which must not count as the live version's calls.
 bool staged_on_this_thread();
@@ -40,9 +46,10 @@ class Provider {
   Provider(std::string owner, std::string kind) : owner_(std::move(owner)), kind_(std::move(kind)) {}
   virtual ~Provider() = default;
 
-  // Runs the op: pops its arguments and pushes its returns, and returns
-  // true; or declines: returns false with the stack untouched.
-  virtual bool run(const OpSlot& slot, torch::jit::Stack* stack) = 0;
+  // Runs the op on `args` (the schema's arguments, in order): appends its
+  // returns to `returns` and returns true; or declines: returns false with
+  // `returns` untouched. Both trampolines (boxed and unboxed) call this.
+  virtual bool run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns) = 0;
 
   // For ops a plugin defines (dispatch/custom_op_kernels.h): runs the op's
   // meta function on meta tensors like run(), or returns false when this
@@ -84,7 +91,8 @@ struct OpSlot {
   std::string name;  // "aten::add.out"
   c10::OperatorHandle op;
   OpSignature sig;
-  std::unique_ptr<torch::Library> registration;  // the trampoline
+  std::optional<c10::RegistrationHandleRAII> registration;  // the trampoline (dispatch/trampoline.h)
+  bool unboxed = false;  // the dispatcher calls it with C++ arguments, as a native kernel
   std::unique_ptr<torch::Library> custom_op_kernels;  // Meta and Autograd kernels of a plugin-defined op
   bool has_meta_kernel = false, has_autograd_kernel = false;
   bool has_cpu_kernel = true;  // else a call every provider declines has nowhere to go

@@ -721,7 +721,8 @@ std::vector<OpReport> PluginRegistry::ops() const {
   for (const auto* slot : OpTable::instance().slots()) {
     auto it = stacks.find(slot->index);
     if (it == stacks.end()) continue;
-    out.push_back({slot->name, std::move(it->second), fallbacks.count(slot->name) ? fallbacks[slot->name] : 0});
+    out.push_back({slot->name, std::move(it->second), fallbacks.count(slot->name) ? fallbacks[slot->name] : 0,
+                   slot->unboxed});
   }
   return out;
 }

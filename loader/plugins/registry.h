@@ -75,6 +75,7 @@ struct OpReport {
   std::string op;
   std::vector<OpLayer> layers;  // bottom to top; the top is tried first
   int64_t fallbacks = 0;        // calls that fell through to the CPU
+  bool unboxed = false;         // its trampoline is called unboxed (dispatch/trampoline.h)
 };
 
 // Checks a change runs before it becomes visible; either may throw to

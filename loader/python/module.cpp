@@ -301,6 +301,7 @@ void bind_plugins(py::module_& m) {
       py::dict d;
       d["op"] = op.op;
       d["fallbacks"] = op.fallbacks;
+      d["call_path"] = op.unboxed ? "unboxed" : "boxed";
       py::list layers;
       for (const auto& l : op.layers) {
         py::dict ld;

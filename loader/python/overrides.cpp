@@ -85,7 +85,7 @@ class PythonOverride final : public dispatch::Provider {
     delete fn_;
   }
 
-  bool run(const dispatch::OpSlot& slot, torch::jit::Stack* stack) override {
+  bool run(const dispatch::OpSlot& slot, c10::ArrayRef<c10::IValue> args, dispatch::Returns& returns) override {
     thread_local std::vector<const PythonOverride*> running;
     if (std::find(running.begin(), running.end(), this) != running.end()) return false;
     running.push_back(this);
@@ -98,7 +98,6 @@ class PythonOverride final : public dispatch::Provider {
     py::gil_scoped_acquire gil;
     py::list positional;
     py::dict keywords;
-    auto args = torch::jit::last(*stack, n);
     for (size_t i = 0; i < n; ++i) {
       py::object value = torch::jit::toPyObject(args[i]);
       if (schema.arguments()[i].kwarg_only()) {
@@ -119,32 +118,31 @@ class PythonOverride final : public dispatch::Provider {
       return false;
     }
     count_call();
-    const auto& returns = schema.returns();
+    const auto& schema_returns = schema.returns();
     std::vector<c10::IValue> values;
     auto convert = [&](py::handle value, size_t i) {
-      if (value.is_none() && returns[i].real_type()->kind() == c10::TypeKind::TensorType) {
+      if (value.is_none() && schema_returns[i].real_type()->kind() == c10::TypeKind::TensorType) {
         wrong_result(owner(), slot, "None where the op returns a Tensor");
       }
       try {
-        values.push_back(torch::jit::toIValue(value, returns[i].real_type()));
+        values.push_back(torch::jit::toIValue(value, schema_returns[i].real_type()));
       } catch (const std::exception& e) {
         wrong_result(owner(), slot, std::string(py::str(py::type::of(value).attr("__name__"))) + " where the op "
-                                    "returns " + returns[i].real_type()->str() + ": " + e.what());
+                                    "returns " + schema_returns[i].real_type()->str() + ": " + e.what());
       }
     };
-    if (returns.size() == 1) {
+    if (schema_returns.size() == 1) {
       convert(result, 0);
     } else {
-      if (!py::isinstance<py::tuple>(result) || py::len(result) != returns.size()) {
+      if (!py::isinstance<py::tuple>(result) || py::len(result) != schema_returns.size()) {
         wrong_result(owner(), slot, std::string(py::str(py::repr(result))).substr(0, 80) + " where the op returns " +
-                                        std::to_string(returns.size()) + " values as a tuple");
+                                        std::to_string(schema_returns.size()) + " values as a tuple");
       }
       py::tuple tuple = result.cast<py::tuple>();
-      for (size_t i = 0; i < returns.size(); ++i) convert(tuple[i], i);
+      for (size_t i = 0; i < schema_returns.size(); ++i) convert(tuple[i], i);
     }
     check_result(owner(), slot, args, values);
-    torch::jit::drop(*stack, n);
-    for (auto& v : values) stack->push_back(std::move(v));
+    for (auto& v : values) returns.push_back(std::move(v));
     return true;
   }
 

@@ -407,7 +407,11 @@ class OpTable(list):
 
 def list_ops(*plugins: Union[Plugin, str]) -> OpTable:
     """Every op a plugin serves on max_device: its provider stack bottom to
-    top (the top is active), call, decline and fallback counts. Structured
+    top (the top is active), call, decline and fallback counts, and its
+    ``call_path``: ``"unboxed"`` when the dispatcher calls the loader with
+    C++ arguments as it calls a native kernel (common signatures: unary,
+    binary, alpha, scalar, reductions over dims, softmax, addmm, in their
+    functional, in-place and out= forms), else ``"boxed"``. Structured
     variants served through a ``.out`` kernel (``add`` and ``add_`` through
     ``add.out``) are listed too, marked ``via``. With plugin arguments, only
     ops those plugins serve."""
@@ -424,7 +428,8 @@ def list_ops(*plugins: Union[Plugin, str]) -> OpTable:
         for variant in derived_variants(entry["op"]):
             if variant in served:
                 continue  # it has its own provider stack
-            table.append({"op": variant, "via": entry["op"], "layers": entry["layers"], "fallbacks": 0})
+            table.append({"op": variant, "via": entry["op"], "layers": entry["layers"], "fallbacks": 0,
+                          "call_path": entry["call_path"]})
     return table
 
 

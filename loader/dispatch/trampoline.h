@@ -1,0 +1,24 @@
+// The PrivateUse1 kernel the loader registers for an op a plugin serves:
+// it runs the op's providers (top of the stack first) and, when all of
+// them decline, PyTorch's CPU kernel on the same memory.
+//
+// Two shapes of one logic. Ops with a common C++ signature (unary, binary
+// with or without alpha, their in-place and out= variants, reductions over
+// dims, softmax) get an unboxed trampoline: the dispatcher calls it with
+// C++ arguments, as it calls a native kernel, and it boxes them into an
+// inline buffer only for the providers, with no heap allocation on the way
+// to a plugin kernel. Every other op gets the boxed trampoline. Both reach
+// the same providers, counters, errors and fallback.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace maxdev::dispatch {
+
+struct OpSlot;
+
+// Registers the trampoline of `slot` on PrivateUse1; true if it is the
+// unboxed one. The registration lasts as long as the handle.
+c10::RegistrationHandleRAII register_trampoline(OpSlot* slot, bool* unboxed);
+
+}  // namespace maxdev::dispatch
