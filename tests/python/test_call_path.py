@@ -1,0 +1,89 @@
+"""The call path to a plugin kernel: ops with a common C++ signature are
+called unboxed (as the dispatcher calls a native kernel), every other op
+boxed; both reach the same providers, counters, declines and fallback."""
+
+import pytest
+import torch
+
+import max_device
+from conftest import op_stats
+
+DEVICE = "max_device"
+
+
+def call_paths(plugin):
+    return {e["op"]: e["call_path"] for e in max_device.list_ops(plugin)}
+
+
+def test_common_signatures_are_called_unboxed(plugin_file, load_plugin):
+    paths = call_paths(load_plugin(plugin_file("reference")))
+    for op in ["aten::add.out", "aten::add.Tensor", "aten::add_.Tensor", "aten::relu", "aten::relu_",
+               "aten::sum.IntList_out", "aten::mean.out", "aten::_softmax.out",
+               "aten::_softmax_backward_data.out", "aten::gelu.out", "aten::addmm.out", "reference::version"]:
+        assert paths[op] == "unboxed", (op, paths[op])
+
+
+def test_other_signatures_are_called_boxed_and_still_served(plugin_file, load_plugin):
+    plugin = load_plugin(plugin_file("sdk_example"))
+    paths = call_paths(plugin)
+    assert paths["myplug::rms_norm"] == "boxed"  # (Tensor, Tensor, float): no unboxed shape
+    assert paths["aten::silu.out"] == "unboxed"
+    x, w = torch.randn(4, 16), torch.randn(16)
+    got = torch.ops.myplug.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    torch.testing.assert_close(got.cpu(), want)
+    assert op_stats("myplug::rms_norm")[0] == 1
+
+
+# The same op called both ways: torch.relu / torch.add go through PyTorch's
+# C++ API (unboxed); torch.ops.aten.<op>.<overload> is a boxed call.
+CALLS = {
+    "unboxed": {"relu": torch.relu, "add_out": lambda a, b, out: torch.add(a, b, alpha=2, out=out)},
+    "boxed": {"relu": torch.ops.aten.relu.default,
+              "add_out": lambda a, b, out: torch.ops.aten.add.out(a, b, alpha=2, out=out)},
+}
+
+
+@pytest.mark.parametrize("path", ["unboxed", "boxed"])
+def test_both_paths_serve_decline_and_fall_back_alike(plugin_file, load_plugin, path):
+    load_plugin(plugin_file("reference"))
+    relu, add_out = CALLS[path]["relu"], CALLS[path]["add_out"]
+    x = torch.randn(64)
+
+    # Served: one call counted, the plugin's result.
+    assert relu(x.to(DEVICE)).cpu().equal(torch.relu(x))
+    assert op_stats("aten::relu") == (1, 0, 0)
+    # Declined by its capabilities (float32 only): the CPU kernel serves it.
+    i = torch.arange(-5, 5)
+    assert relu(i.to(DEVICE)).cpu().equal(torch.relu(i))
+    assert op_stats("aten::relu") == (1, 1, 1)
+
+    # out=: served into the user's tensor, returned as the same tensor.
+    a, b = torch.randn(8, 3), torch.randn(8, 3)
+    out = torch.empty(8, 3, device=DEVICE)
+    assert add_out(a.to(DEVICE), b.to(DEVICE), out) is out
+    torch.testing.assert_close(out.cpu(), a + 2 * b)
+    assert op_stats("aten::add.out") == (1, 0, 0)
+    # An out= of the wrong size (the reference kernel declines it) and a
+    # dtype it declines: the CPU kernel resizes and writes the same tensor.
+    out = torch.empty(0, device=DEVICE)
+    assert add_out(a.to(DEVICE), b.to(DEVICE), out) is out and out.shape == (8, 3)
+    torch.testing.assert_close(out.cpu(), a + 2 * b)
+    ai, bi = torch.arange(6), torch.arange(6, 12)
+    out = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    assert add_out(ai.to(DEVICE), bi.to(DEVICE), out) is out and out.cpu().equal(ai + 2 * bi)
+    assert op_stats("aten::add.out") == (1, 2, 2)
+
+
+def test_both_paths_raise_the_same_kernel_error(fixture_file, load_plugin):
+    path = fixture_file("failing_kernel")  # its neg.out fails on purpose
+    load_plugin(path)
+    x = torch.randn(4, device=DEVICE)
+    messages = []
+    for call in (lambda: torch.neg(x, out=torch.empty_like(x)),
+                 lambda: torch.ops.aten.neg.out(x, out=torch.empty_like(x))):
+        with pytest.raises(max_device.KernelError) as info:
+            call()
+        messages.append(str(info.value))
+    assert messages == [f"plugin 'failing_kernel', op aten::neg.out ({path}): fixture kernel failed on purpose"] * 2
+    assert op_stats("aten::neg.out")[:2] == (2, 0)
