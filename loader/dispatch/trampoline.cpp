@@ -178,12 +178,21 @@ using UnboxedSignatures = SignatureList<
     Tensor(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&),               // addmm
     Tensor&(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&, Tensor&)>;
 
+// The dispatcher refuses a kernel whose C++ signature differs from one
+// already registered for the op (a native kernel's, generated from the same
+// schema): such an op keeps the boxed trampoline.
 template <class... Fns>
 std::optional<c10::RegistrationHandleRAII> register_unboxed(const OpSlot* slot, SignatureList<Fns...>) {
   std::optional<c10::RegistrationHandleRAII> handle;
-  ((!handle && UnboxedTrampoline<Fns>::matches(*slot) ? (void)handle.emplace(UnboxedTrampoline<Fns>::register_for(slot))
-                                                      : void()),
-   ...);
+  auto attempt = [&](auto matches, auto register_for) {
+    if (handle || !matches(*slot)) return;
+    try {
+      handle.emplace(register_for(slot));
+    } catch (const c10::Error& e) {
+      log::debug("no unboxed trampoline for " + slot->name + ": " + e.what_without_backtrace());
+    }
+  };
+  (attempt(&UnboxedTrampoline<Fns>::matches, &UnboxedTrampoline<Fns>::register_for), ...);
   return handle;
 }
 
