@@ -53,8 +53,7 @@ class Trampoline final : public c10::OperatorKernel {
     TORCH_CHECK_NOT_IMPLEMENTED(slot->has_cpu_kernel, "max_device: no provider of ", slot->name,
                                 " accepted these arguments and it has no CPU kernel to fall back to "
                                 "(see max_device.list_ops() for its providers and their declines)");
-    note_fallback(op);
-    run_cpu_kernel(op, stack);
+    fall_back(op, stack);
   }
 
  private:
@@ -82,6 +81,10 @@ void OpSlot::set_unserved(std::string plugin, std::string file) {
 std::pair<std::string, std::string> OpSlot::unserved() const {
   std::lock_guard lock(unserved_mutex_);
   return {unserved_plugin_, unserved_file_};
+}
+
+std::string served_by_name(const std::string& op, const std::string& provider) {
+  return "max_device: " + op + " <- " + provider;
 }
 
 bool staged_on_this_thread() { return OpTable::staged_table() != nullptr; }

@@ -256,7 +256,7 @@ void bind_plugins(py::module_& m) {
     return plugin_info(*info);
   });
   m.def("_push_override", [](const std::string& op, py::object fn, const std::string& label) {
-    auto provider = make_python_override(std::move(fn), label);
+    auto provider = make_python_override(std::move(fn), op, label);
     py::gil_scoped_release nogil;
     return plugins::PluginRegistry::instance().push_override(op, std::move(provider));
   });

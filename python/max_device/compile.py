@@ -79,21 +79,38 @@ def dynamo_interface() -> type:
     return MaxDeviceInterface
 
 
+def profiled_kernel_call(name: str, kernel, *args) -> None:
+    """A generated kernel's call while the profiler records: a range named
+    after the kernel (Inductor's own CPU wrapper shows none)."""
+    with torch._C._profiler._RecordFunctionFast(name):
+        kernel(*args)
+
+
 def _wrapper_codegen_class():
     """Inductor's Python wrapper, calling the generated C++ kernels directly
-    (no stream, no launcher) as it does for "cpu", which it names by string."""
+    (no stream, no launcher) as it does for "cpu", which it names by string.
+    Each call shows in profiler traces under the kernel's name; without a
+    profiler it costs one module attribute test, as Inductor's own check
+    around a compiled graph's call."""
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
     class HostKernelCalls:
         def _generate_kernel_call_helper(self, kernel_name, call_args, *, triton=True, **kwargs):
             if triton:
                 return super()._generate_kernel_call_helper(kernel_name, call_args, triton=triton, **kwargs)
-            self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+            profiled = self.wrap_kernel_call("max_device_profiled_call", [repr(kernel_name), kernel_name, *call_args])
+            self.writeline(f"{self.wrap_kernel_call(kernel_name, call_args)} "
+                           f"if not max_device_profiler._is_profiler_enabled else {profiled}")
 
     class SubgraphWrapperCodegen(HostKernelCalls, SubgraphPythonWrapperCodegen):
         pass
 
     class WrapperCodegen(HostKernelCalls, PythonWrapperCodegen):
+        def write_header(self) -> None:
+            super().write_header()
+            self.imports.writeline("import torch.autograd.profiler as max_device_profiler")
+            self.imports.writeline("from max_device.compile import profiled_kernel_call as max_device_profiled_call")
+
         @staticmethod
         def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
             if is_subgraph:

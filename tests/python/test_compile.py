@@ -220,3 +220,23 @@ def test_plugin_ops_in_a_compiled_graph_reach_the_swapped_version(reference_copy
     # call reaches v2.
     torch.testing.assert_close(compiled_custom(x, w).cpu(), 2.0 + x.cpu().relu())
     assert counters["stats"]["unique_graphs"] == 2
+
+
+def test_profiler_shows_generated_kernels_and_the_plugin_serving_extern_calls(reference_copy):
+    import re
+    from torch.profiler import ProfilerActivity, profile
+    _, plugin = reference_copy
+
+    def f(x, w):
+        return torch.mm(x, w).relu() * 2  # an extern mm, then one fused C++ kernel
+
+    x, w = torch.randn(4, 4, device=DEVICE), torch.randn(4, 4, device=DEVICE)
+    compiled = torch.compile(f, fullgraph=True)
+    _, (code, *_) = run_and_get_code(compiled, x, w)
+    kernels = set(re.findall(r"\b(cpp_fused_\w+)\(", code.split("def call")[1]))
+    assert kernels
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled(x, w)
+    names = [e.name for e in prof.events()]
+    assert kernels <= set(names)
+    assert names.count(f"max_device: aten::mm.out <- reference@1.0.0 gen {plugin.generation}") == 1
