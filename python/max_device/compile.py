@@ -244,6 +244,36 @@ def _lower_as_on_cpu(device_type: str) -> None:
     lowering.cat = replace_lowering(lowering.cat, cat_as_on_cpu)
 
 
+def _cpp_wrapper_codegen_class(device_type: str):
+    """Inductor's C++ wrapper for the CPU (cpp_wrapper=True), with the CPU's
+    headers for max_device. It serves graphs of generated kernels only: the
+    C++ wrapper calls every op it does not generate (mm, addmm, bmm, ATen
+    fallbacks) through a C shim per device type (aoti_torch_<device>_<op>),
+    which PyTorch 2.13 ships for cpu/cuda/xpu/mps only, and the CPU's call the
+    CPU kernels directly: past the dispatcher, so past max_device's plugins.
+    Such a graph is refused with a NotImplementedError naming the op."""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+    class CppWrapperCodegen(CppWrapperCpu):
+        def add_device_include(self, device: str) -> None:
+            super().add_device_include("cpu" if device == device_type else device)
+
+        def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
+            if device == device_type:
+                raise NotImplementedError(
+                    f"max_device: torch._inductor.config.cpp_wrapper=True cannot call {kernel} on {device_type}: "
+                    f"PyTorch 2.13's C++ wrapper calls ops it does not generate through per-device C shims "
+                    f"(aoti_torch_<device>_<op>), which exist for cpu/cuda/xpu/mps only (the CPU's bypass the "
+                    f"dispatcher, and so max_device's plugins). Compile with cpp_wrapper=False (the default).")
+            super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)
+
+        @staticmethod
+        def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            return CppWrapperCodegen()
+
+    return CppWrapperCodegen
+
+
 @functools.cache
 def inductor_codegen(device_type: str) -> dict:
     """What Inductor's init_backend_registration() reads from a PrivateUse1
@@ -251,14 +281,16 @@ def inductor_codegen(device_type: str) -> dict:
     Asked for while Inductor compiles, so importing its codegen here is safe."""
     from torch._inductor.codegen.common import register_device_op_overrides
     from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
     from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
     from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
     from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
     register_device_op_overrides(device_type, CpuDeviceOpOverrides())
+    DEVICE_TO_ATEN[device_type] = "at::kPrivateUse1"  # the C++ wrapper's device constant
     _answer_as_cpu(device_type)
     return {"Scheduling": CppScheduling, "PythonWrapperCodegen": _wrapper_codegen_class(device_type),
-            "CppWrapperCodegen": CppWrapperCpu, "WrapperFxCodegen": WrapperFxCodegen}
+            "CppWrapperCodegen": _cpp_wrapper_codegen_class(device_type), "WrapperFxCodegen": WrapperFxCodegen}
 
 
 def _inductor(gm, example_inputs, **kwargs):

@@ -240,3 +240,17 @@ def test_profiler_shows_generated_kernels_and_the_plugin_serving_extern_calls(re
     names = [e.name for e in prof.events()]
     assert kernels <= set(names)
     assert names.count(f"max_device: aten::mm.out <- reference@1.0.0 gen {plugin.generation}") == 1
+
+
+def test_cpp_wrapper_serves_generated_kernels_and_refuses_extern_calls_clearly():
+    # PyTorch 2.13's C++ wrapper reaches ops it does not generate through C
+    # shims per device type, which bypass the dispatcher (see compile.py).
+    import torch._inductor.config as inductor_config
+    x = torch.randn(8, 8, device=DEVICE)
+    with inductor_config.patch(cpp_wrapper=True):
+        pointwise = torch.compile(lambda x: (x.sin() * 2).sum(1) + 1, fullgraph=True)
+        out = pointwise(x)
+        assert out.device.type == DEVICE
+        torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 2).sum(1) + 1, **INDUCTOR_TOL)
+        with pytest.raises(Exception, match="cpp_wrapper=True cannot call aoti_torch_max_device_mm_out"):
+            torch.compile(lambda x: torch.mm(x, x).relu(), fullgraph=True)(x)
