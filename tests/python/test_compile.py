@@ -254,3 +254,25 @@ def test_cpp_wrapper_serves_generated_kernels_and_refuses_extern_calls_clearly()
         torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 2).sum(1) + 1, **INDUCTOR_TOL)
         with pytest.raises(Exception, match="cpp_wrapper=True cannot call aoti_torch_max_device_mm_out"):
             torch.compile(lambda x: torch.mm(x, x).relu(), fullgraph=True)(x)
+
+
+def test_inductor_generates_the_cpus_kernels_for_max_device():
+    # Inductor decides by device.type == "cpu" how a layer norm's variance is
+    # computed, whether a division by a constant becomes a multiply, when a
+    # reused result is stored, and how a cat is built: max_device is answered
+    # as the CPU (the list is in compile.py).
+    import re
+
+    def f(x, y):
+        h = torch.nn.functional.layer_norm(x, (16,))
+        e = (h / 3.0).exp()
+        return torch.cat([e.t(), (e * y).t()], 0) * e.sum()
+
+    kernels = {}
+    for device in ("cpu", DEVICE):
+        torch._dynamo.reset()
+        x, y = torch.randn(8, 16, device=device), torch.randn(8, 16, device=device)
+        out, (code, *_) = run_and_get_code(torch.compile(f, fullgraph=True), x, y)
+        kernels[device] = re.findall(r"async_compile\.cpp_pybinding\((.*?)'''\)", code, re.S)
+        torch.testing.assert_close(out.cpu(), f(x.cpu(), y.cpu()), **INDUCTOR_TOL)
+    assert kernels[DEVICE] and kernels[DEVICE] == kernels["cpu"]
