@@ -30,6 +30,7 @@ constexpr int8_t kNoOverride = -1;
 
 struct OpEntry {
   std::string name;
+  std::string served_by;  // its profiler range
   OpEntry* base = nullptr;  // "aten::mm" for "aten::mm.out": its policy covers every overload
   std::atomic<int64_t> count{0};
   std::atomic<int8_t> policy{kNoOverride};
@@ -99,6 +100,7 @@ class FallbackRegistry {
     if (!slot) {
       slot = std::make_unique<OpEntry>();
       slot->name = name;
+      slot->served_by = served_by_name(name, "cpu fallback");
     }
     return *slot;
   }
@@ -133,13 +135,16 @@ struct AliasedArg {
   bool written;
 };
 
+// Applies the policy for `op` and counts the call; throws under `error`.
+OpEntry& note_fallback(const c10::OperatorHandle& op);
+
 void fallback_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  note_fallback(op);
   if (registry().impl.load(std::memory_order_relaxed) == FallbackImpl::copying) {
+    ServedBy range(note_fallback(op).served_by);
     at::native::cpu_fallback(op, stack);
     return;
   }
-  run_cpu_kernel(op, stack);
+  fall_back(op, stack);
 }
 
 }  // namespace
@@ -194,14 +199,16 @@ void reset_fallback_counts() {
 
 void set_fallback_impl(FallbackImpl impl) { registry().impl = impl; }
 
-void note_fallback(const c10::OperatorHandle& op) {
+namespace {
+
+OpEntry& note_fallback(const c10::OperatorHandle& op) {
   OpEntry& e = registry().entry(op);
   if (!staged_on_this_thread()) e.count.fetch_add(1, std::memory_order_relaxed);
   int8_t own = e.policy.load(std::memory_order_relaxed);
   if (own == kNoOverride && e.base != nullptr) own = e.base->policy.load(std::memory_order_relaxed);
   const auto policy = own == kNoOverride ? registry().global.load(std::memory_order_relaxed)
                                          : static_cast<FallbackPolicy>(own);
-  if (policy == FallbackPolicy::allow) return;
+  if (policy == FallbackPolicy::allow) return e;
   if (policy == FallbackPolicy::error) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         false, "max_device: ", e.name,
@@ -215,6 +222,14 @@ void note_fallback(const c10::OperatorHandle& op) {
                " has no max_device kernel; it runs on the CPU fallback (zero copy). "
                "This is reported once per op; see max_device.fallback_counts().");
   }
+  return e;
+}
+
+}  // namespace
+
+void fall_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKernel cpu_kernel) {
+  ServedBy range(note_fallback(op).served_by);
+  run_cpu_kernel(op, stack, cpu_kernel);
 }
 
 c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
@@ -355,8 +370,7 @@ void cpu_convolution_backward(torch::jit::Stack* stack) {
 
 template <CpuKernel kernel>
 void fallback_via(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  note_fallback(op);
-  run_cpu_kernel(op, stack, kernel);
+  fall_back(op, stack, kernel);
 }
 
 }  // namespace

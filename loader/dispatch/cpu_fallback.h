@@ -47,7 +47,9 @@ void reset_fallback_counts();
 enum class FallbackImpl { zero_copy, copying };
 void set_fallback_impl(FallbackImpl impl);
 
-// Applies the policy for `op` and counts the call; throws under `error`.
-void note_fallback(const c10::OperatorHandle& op);
+// The fallback of one call: applies the policy for `op` (throws under
+// `error`), counts the call, and runs the CPU kernel (run_cpu_kernel) inside
+// a profiler range "max_device: <op> <- cpu fallback".
+void fall_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKernel cpu_kernel = nullptr);
 
 }  // namespace maxdev::dispatch

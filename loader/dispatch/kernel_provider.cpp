@@ -263,7 +263,8 @@ void set_kernel_checks(bool enabled) { kernel_checks_enabled.store(enabled, std:
 bool kernel_checks() { return kernel_checks_enabled.load(std::memory_order_relaxed); }
 
 KernelProvider::KernelProvider(std::shared_ptr<const KernelOwner> owner, const maxdev_kernel_def& kernel)
-    : Provider(owner->owner, "plugin"),
+    : Provider(owner->owner, "plugin",
+               served_by_name(kernel.op, owner->owner + " gen " + std::to_string(owner->generation))),
       owner_(std::move(owner)),
       fn_(kernel.fn),
       meta_(kernel.meta),
@@ -381,6 +382,7 @@ bool KernelProvider::run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Re
   maxdev_status status;
   try {
     InFlight in_flight(*owner_);
+    ServedBy range(served_by());
     status = fn_(&call);
   } catch (const std::exception& e) {
     count_call();

@@ -18,6 +18,7 @@ namespace maxdev::dispatch {
 struct KernelOwner {
   std::string plugin;          // name
   std::string owner;           // "name@version"
+  int64_t generation = 0;      // of the plugin: 1 at load, +1 per published reload
   std::string file;            // the user's path, for errors
   void* state = nullptr;       // from the plugin's init
   std::shared_ptr<const void> keep_alive;  // holds the library mapped

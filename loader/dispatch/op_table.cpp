@@ -45,6 +45,10 @@ std::pair<std::string, std::string> OpSlot::unserved() const {
   return {unserved_plugin_, unserved_file_};
 }
 
+std::string served_by_name(const std::string& op, const std::string& provider) {
+  return "max_device: " + op + " <- " + provider;
+}
+
 bool staged_on_this_thread() { return OpTable::staged_table() != nullptr; }
 
 namespace {

@@ -12,6 +12,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
@@ -41,9 +42,34 @@ using Returns = c10::SmallVector<c10::IValue, 2>;
 // table: validation runs, which must not count as the live version's calls.
 bool staged_on_this_thread();
 
+// The profiler range of a call a provider serves: "max_device: aten::mm.out
+// <- reference@1.0.0 gen 2" (plugin, with its generation), "... <-
+// override:label", "... <- cpu fallback". Built once per provider.
+std::string served_by_name(const std::string& op, const std::string& provider);
+
+// Opens a range named `name` in torch.profiler's traces (a user-scope
+// RecordFunction, as Python's record_function) for the life of this object,
+// only while a profiler or another RecordFunction callback listens:
+// otherwise it costs the dispatcher's own thread-local check. `name` must
+// outlive the object.
+class ServedBy {
+ public:
+  explicit ServedBy(const std::string& name) {
+    if (auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE)) {
+      range_.emplace(std::move(*callbacks));
+      range_->before(std::string_view(name));
+    }
+  }
+
+ private:
+  std::optional<at::RecordFunction> range_;
+};
+
 class Provider {
  public:
-  Provider(std::string owner, std::string kind) : owner_(std::move(owner)), kind_(std::move(kind)) {}
+  // `served_by`: served_by_name() of the op and this provider.
+  Provider(std::string owner, std::string kind, std::string served_by)
+      : owner_(std::move(owner)), kind_(std::move(kind)), served_by_(std::move(served_by)) {}
   virtual ~Provider() = default;
 
   // Runs the op on `args` (the schema's arguments, in order): appends its
@@ -62,6 +88,7 @@ class Provider {
 
   const std::string& owner() const { return owner_; }  // "reference@1.0.0"
   const std::string& kind() const { return kind_; }    // "plugin", "override"
+  const std::string& served_by() const { return served_by_; }
 
   // Calls this provider ran and declined while it was live (validation
   // runs of a staged table are not counted).
@@ -77,6 +104,7 @@ class Provider {
  private:
   std::string owner_;
   std::string kind_;
+  std::string served_by_;
 };
 
 // Bottom to top.

@@ -32,7 +32,7 @@ bool serve(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns
 }
 
 // Every provider declined: PyTorch's CPU kernel on the stack's arguments.
-void fall_back(const OpSlot& slot, torch::jit::Stack* stack) {
+void serve_on_cpu(const OpSlot& slot, torch::jit::Stack* stack) {
   if (!slot.has_cpu_kernel) {
     const auto [plugin, file] = slot.unserved();
     if (!plugin.empty()) {
@@ -44,8 +44,7 @@ void fall_back(const OpSlot& slot, torch::jit::Stack* stack) {
   TORCH_CHECK_NOT_IMPLEMENTED(slot.has_cpu_kernel, "max_device: no provider of ", slot.name,
                               " accepted these arguments and it has no CPU kernel to fall back to "
                               "(see max_device.list_ops() for its providers and their declines)");
-  note_fallback(slot.op);
-  run_cpu_kernel(slot.op, stack);
+  fall_back(slot.op, stack);
 }
 
 // The trampoline's reference to its slot. The dispatcher hands kernels to
@@ -71,7 +70,7 @@ class BoxedTrampoline final : public c10::OperatorKernel {
     // Plugin outputs are allocated on the device of the call.
     device::CurrentDeviceScope on_device(op_device_index(slot.op, args));
     Returns returns;
-    if (!serve(slot, args, returns)) return fall_back(slot, stack);
+    if (!serve(slot, args, returns)) return serve_on_cpu(slot, stack);
     torch::jit::drop(*stack, n);
     for (auto& r : returns) stack->push_back(std::move(r));
   }
@@ -107,7 +106,7 @@ class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
     Returns returns;
     if (!serve(slot, boxed, returns)) {
       torch::jit::Stack stack(std::make_move_iterator(boxed.begin()), std::make_move_iterator(boxed.end()));
-      fall_back(slot, &stack);
+      serve_on_cpu(slot, &stack);
       for (auto& r : stack) returns.push_back(std::move(r));
     }
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {

@@ -342,7 +342,7 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
   return prepared;
 }
 
-std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepared) {
+std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepared, int64_t generation) {
   // Nothing here can fail for a reason of the plugin's making: prepare()
   // checked every op.
   Version& v = *prepared.version;
@@ -362,6 +362,7 @@ std::shared_ptr<PluginRegistry::Version> PluginRegistry::commit(Prepared prepare
   auto owner = std::make_shared<dispatch::KernelOwner>();
   owner->plugin = v.info.name;
   owner->owner = v.info.name + "@" + v.info.version;
+  owner->generation = generation;  // its kernels' profiler ranges name it
   owner->file = v.info.path;
   owner->state = v.library->state();
   owner->keep_alive = v.library;
@@ -493,7 +494,7 @@ PluginInfo PluginRegistry::load(const std::string& path, const std::optional<std
   const auto started = prepared.started;
   auto plugin = std::make_unique<Plugin>();
   plugin->name = prepared.version->info.name;
-  plugin->current = commit(std::move(prepared));
+  plugin->current = commit(std::move(prepared), plugin->next_generation);
   vet(checks, plugin->current, /*new_plugin=*/true);
   PluginInfo& info = plugin->current->info;
   info.id = plugin->id = next_plugin_id_++;
@@ -536,7 +537,7 @@ PluginInfo PluginRegistry::reload(const std::string& name, const ReloadOptions& 
     return plugin.current->info;
   }
   const auto started = prepared.started;
-  std::shared_ptr<Version> fresh = commit(std::move(prepared));
+  std::shared_ptr<Version> fresh = commit(std::move(prepared), plugin.next_generation);
   vet(checks, fresh, /*new_plugin=*/false);
   PluginInfo& info = fresh->info;
   info.id = plugin.id;

@@ -166,7 +166,7 @@ class PluginRegistry {
   // `name`: empty for the manifest's; a new plugin's name must be free.
   Prepared prepare(const std::string& path, const std::string& name, bool new_plugin, const LoadOptions& options,
                    const Checks& checks);
-  std::shared_ptr<Version> commit(Prepared prepared);
+  std::shared_ptr<Version> commit(Prepared prepared, int64_t generation);
   // Runs checks.before_publish with `candidate` staged on this thread;
   // on failure undoes commit(version) and rethrows.
   void vet(const Checks& checks, const std::shared_ptr<Version>& version, bool new_plugin);

@@ -1,8 +1,11 @@
 // max_device._C: the Python face of the loader. Thin bindings only; the
 // Python package (python/max_device) shapes them into the public API.
+#include <ATen/EmptyTensor.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "common/log.h"
@@ -33,7 +36,39 @@ dispatch::FallbackPolicy policy_arg(const std::string& name) {
   }
 }
 
+// Parses a tuple of Python ints (Inductor's sizes and strides).
+void int_tuple(PyObject* tuple, c10::SmallVector<int64_t, 8>& out, const char* what) {
+  TORCH_CHECK_TYPE(PyTuple_Check(tuple), "_empty_strided: ", what, " must be a tuple of ints");
+  const Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+    if (value == -1 && PyErr_Occurred()) throw python_error();
+    out.push_back(value);
+  }
+}
+
+// _empty_strided(sizes, strides, dtype): a tensor on the current max_device
+// device, as torch._C._dynamo.guards._empty_strided_cpu for the CPU. Inductor's
+// generated wrapper allocates its buffers with it: torch.empty_strided's
+// argument parser and dispatch cost about 2 us per buffer.
+PyObject* empty_strided(PyObject*, PyObject* args) {
+  HANDLE_TH_ERRORS
+  PyObject *sizes_arg = nullptr, *strides_arg = nullptr, *dtype_arg = nullptr;
+  if (!PyArg_ParseTuple(args, "OOO", &sizes_arg, &strides_arg, &dtype_arg)) return nullptr;
+  TORCH_CHECK_TYPE(THPDtype_Check(dtype_arg), "_empty_strided: dtype must be a torch.dtype");
+  c10::SmallVector<int64_t, 8> sizes, strides;
+  int_tuple(sizes_arg, sizes, "sizes");
+  int_tuple(strides_arg, strides, "strides");
+  return THPVariable_Wrap(at::detail::empty_strided_generic(sizes, strides, &device::allocator(),
+                                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                            reinterpret_cast<THPDtype*>(dtype_arg)->scalar_type));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef empty_strided_def = {"_empty_strided", empty_strided, METH_VARARGS, nullptr};
+
 void bind_device(py::module_& m) {
+  m.add_object("_empty_strided", py::reinterpret_steal<py::object>(PyCFunction_New(&empty_strided_def, nullptr)));
   m.def("_device_count", [] { return static_cast<int>(device::device_count()); });
   m.attr("_MAX_DEVICE_COUNT") = static_cast<int>(device::kMaxDevices);
   m.def("_memory_stats", [](int index) {
@@ -256,7 +291,7 @@ void bind_plugins(py::module_& m) {
     return plugin_info(*info);
   });
   m.def("_push_override", [](const std::string& op, py::object fn, const std::string& label) {
-    auto provider = make_python_override(std::move(fn), label);
+    auto provider = make_python_override(std::move(fn), op, label);
     py::gil_scoped_release nogil;
     return plugins::PluginRegistry::instance().push_override(op, std::move(provider));
   });

@@ -73,8 +73,9 @@ void check_result(const std::string& owner, const dispatch::OpSlot& slot, c10::A
 
 class PythonOverride final : public dispatch::Provider {
  public:
-  PythonOverride(py::object fn, const std::string& label)
-      : Provider("override:" + label, "override"), fn_(new py::object(std::move(fn))) {}
+  PythonOverride(py::object fn, const std::string& op, const std::string& label)
+      : Provider("override:" + label, "override", dispatch::served_by_name(op, "override:" + label)),
+        fn_(new py::object(std::move(fn))) {}
 
   ~PythonOverride() override {
     // The last reference may go from a thread without the GIL, or after
@@ -108,6 +109,7 @@ class PythonOverride final : public dispatch::Provider {
     }
     py::object result;
     try {
+      dispatch::ServedBy range(served_by());
       result = (*fn_)(*positional, **keywords);
     } catch (py::error_already_set& e) {
       e.restore();
@@ -152,8 +154,9 @@ class PythonOverride final : public dispatch::Provider {
 
 }  // namespace
 
-std::shared_ptr<dispatch::Provider> make_python_override(py::object fn, const std::string& label) {
-  return std::make_shared<PythonOverride>(std::move(fn), label);
+std::shared_ptr<dispatch::Provider> make_python_override(py::object fn, const std::string& op,
+                                                         const std::string& label) {
+  return std::make_shared<PythonOverride>(std::move(fn), op, label);
 }
 
 }  // namespace maxdev::python

@@ -14,6 +14,7 @@ namespace maxdev::python {
 // Returning NotImplemented declines. While `fn` runs, a call of the same op
 // on the same thread skips it, so `fn` can call the op to reach the layer
 // below.
-std::shared_ptr<dispatch::Provider> make_python_override(pybind11::object fn, const std::string& label);
+std::shared_ptr<dispatch::Provider> make_python_override(pybind11::object fn, const std::string& op,
+                                                         const std::string& label);
 
 }  // namespace maxdev::python

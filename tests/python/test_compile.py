@@ -220,3 +220,59 @@ def test_plugin_ops_in_a_compiled_graph_reach_the_swapped_version(reference_copy
     # call reaches v2.
     torch.testing.assert_close(compiled_custom(x, w).cpu(), 2.0 + x.cpu().relu())
     assert counters["stats"]["unique_graphs"] == 2
+
+
+def test_profiler_shows_generated_kernels_and_the_plugin_serving_extern_calls(reference_copy):
+    import re
+    from torch.profiler import ProfilerActivity, profile
+    _, plugin = reference_copy
+
+    def f(x, w):
+        return torch.mm(x, w).relu() * 2  # an extern mm, then one fused C++ kernel
+
+    x, w = torch.randn(4, 4, device=DEVICE), torch.randn(4, 4, device=DEVICE)
+    compiled = torch.compile(f, fullgraph=True)
+    _, (code, *_) = run_and_get_code(compiled, x, w)
+    kernels = set(re.findall(r"\b(cpp_fused_\w+)\(", code.split("def call")[1]))
+    assert kernels
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled(x, w)
+    names = [e.name for e in prof.events()]
+    assert kernels <= set(names)
+    assert names.count(f"max_device: aten::mm.out <- reference@1.0.0 gen {plugin.generation}") == 1
+
+
+def test_cpp_wrapper_serves_generated_kernels_and_refuses_extern_calls_clearly():
+    # PyTorch 2.13's C++ wrapper reaches ops it does not generate through C
+    # shims per device type, which bypass the dispatcher (see compile.py).
+    import torch._inductor.config as inductor_config
+    x = torch.randn(8, 8, device=DEVICE)
+    with inductor_config.patch(cpp_wrapper=True):
+        pointwise = torch.compile(lambda x: (x.sin() * 2).sum(1) + 1, fullgraph=True)
+        out = pointwise(x)
+        assert out.device.type == DEVICE
+        torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 2).sum(1) + 1, **INDUCTOR_TOL)
+        with pytest.raises(Exception, match="cpp_wrapper=True cannot call aoti_torch_max_device_mm_out"):
+            torch.compile(lambda x: torch.mm(x, x).relu(), fullgraph=True)(x)
+
+
+def test_inductor_generates_the_cpus_kernels_for_max_device():
+    # Inductor decides by device.type == "cpu" how a layer norm's variance is
+    # computed, whether a division by a constant becomes a multiply, when a
+    # reused result is stored, and how a cat is built: max_device is answered
+    # as the CPU (the list is in compile.py).
+    import re
+
+    def f(x, y):
+        h = torch.nn.functional.layer_norm(x, (16,))
+        e = (h / 3.0).exp()
+        return torch.cat([e.t(), (e * y).t()], 0) * e.sum()
+
+    kernels = {}
+    for device in ("cpu", DEVICE):
+        torch._dynamo.reset()
+        x, y = torch.randn(8, 16, device=device), torch.randn(8, 16, device=device)
+        out, (code, *_) = run_and_get_code(torch.compile(f, fullgraph=True), x, y)
+        kernels[device] = re.findall(r"async_compile\.cpp_pybinding\((.*?)'''\)", code, re.S)
+        torch.testing.assert_close(out.cpu(), f(x.cpu(), y.cpu()), **INDUCTOR_TOL)
+    assert kernels[DEVICE] and kernels[DEVICE] == kernels["cpu"]
