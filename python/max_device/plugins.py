@@ -158,8 +158,8 @@ class Plugin:
     (snapshot to publish, for this version); ``loaded_at`` (Unix time this
     version was published); ``previous_versions`` (older versions still
     mapped, rollback targets); ``calls_in_flight`` (kernel calls of this
-    version running now); ``allow_untrusted``; ``loaded``; ``id`` (this
-    load, unique in the process)."""
+    version running now); ``allow_untrusted``; ``allow_composite``;
+    ``loaded``; ``id`` (this load, unique in the process)."""
 
     def __init__(self, info: dict):
         self._id = info["id"]
