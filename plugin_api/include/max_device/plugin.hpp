@@ -529,15 +529,16 @@ inline void check_no_partial_overlap(const Tensor& out, std::initializer_list<Te
 // The broadcast shape of `shapes` (PyTorch's rules; maxdev_broadcast_shape);
 // throws maxdev::Error when they do not broadcast.
 inline std::vector<int64_t> broadcast_shape(std::initializer_list<ArrayView<int64_t>> shapes) {
+  // Shape-only views: maxdev_broadcast_shape reads nothing else.
   std::vector<maxdev_tensor> views(shapes.size());
-  std::vector<const maxdev_tensor*> operands;
-  size_t capacity = 0;
+  std::vector<const maxdev_tensor*> operands(shapes.size());
+  size_t capacity = 0, i = 0;
   for (const auto& s : shapes) {
-    maxdev_tensor& v = views[operands.size()];
-    v.ndim = static_cast<int32_t>(s.size());
-    v.shape = const_cast<int64_t*>(s.data());  // only read
-    operands.push_back(&v);
+    views[i].ndim = static_cast<int32_t>(s.size());
+    views[i].shape = const_cast<int64_t*>(s.data());
+    operands[i] = &views[i];
     capacity = std::max(capacity, s.size());
+    ++i;
   }
   std::vector<int64_t> out(capacity);
   int32_t ndim = 0;
