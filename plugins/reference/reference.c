@@ -2,8 +2,8 @@
  * reference — the max_device reference plugin: plain C99 against plugin.h.
  *
  * float32 kernels for common aten ops. Every kernel handles arbitrary
- * strides (one strided N-d iterator below serves all of them), binary ops
- * broadcast, and a 0-dim CPU tensor operand (`x + torch.tensor(2.)`, or the
+ * strides (the C SDK's strided iterator, max_device/sdk.h, serves all of
+ * them), binary ops broadcast, and a 0-dim CPU tensor operand (`x + torch.tensor(2.)`, or the
  * wrapped number of `x + 2`) is read as a scalar. Anything else — other
  * dtypes, CPU tensors that are not 0-dim, outputs that overlap inputs in a
  * way a kernel cannot handle, shapes a kernel does not expect (an out=
@@ -42,8 +42,6 @@
 
 /* Most dimensions a kernel handles; more is declined. */
 #define REF_MAX_DIMS 32
-/* Most operands one iterator walks (output first). */
-#define REF_MAX_OPS 4
 
 typedef maxdev_status status;
 
@@ -131,58 +129,25 @@ static int same_shape(const maxdev_tensor* a, const maxdev_tensor* b) {
   return 1;
 }
 
-static int64_t elem_size(const maxdev_tensor* t) { return t->dtype.bits / 8; }
 
 /* ===========================================================================
- * Memory overlap between an output and an input.
+ * Memory overlap between an output and an input (maxdev_tensor_overlap).
  * ========================================================================= */
 
-/* Byte range [lo, hi) that t's elements can touch. */
-static void byte_range(const maxdev_tensor* t, uintptr_t* lo, uintptr_t* hi) {
-  intptr_t first = 0, last = 0;
-  for (int32_t d = 0; d < t->ndim; ++d) {
-    const intptr_t span = (intptr_t)((t->shape[d] - 1) * t->strides[d]);
-    if (span < 0) first += span; else last += span;
-  }
-  const uintptr_t base = (uintptr_t)maxdev_tensor_data(t);
-  *lo = base + (uintptr_t)(first * (intptr_t)elem_size(t));
-  *hi = base + (uintptr_t)((last + 1) * (intptr_t)elem_size(t));
+/* Whether out and in share any byte. */
+static int ranges_overlap(const maxdev_tensor* out, const maxdev_tensor* in) {
+  return maxdev_tensor_overlap(out, in) != MAXDEV_OVERLAP_NONE;
 }
 
-static int ranges_overlap(const maxdev_tensor* a, const maxdev_tensor* b) {
-  if (maxdev_tensor_numel(a) == 0 || maxdev_tensor_numel(b) == 0) return 0;
-  uintptr_t alo, ahi, blo, bhi;
-  byte_range(a, &alo, &ahi);
-  byte_range(b, &blo, &bhi);
-  return alo < bhi && blo < ahi;
-}
-
-/* Same first element, shape and strides: every output element depends on
- * the input element at its own index only, which element-wise code allows. */
-static int exact_alias(const maxdev_tensor* a, const maxdev_tensor* b) {
-  if (maxdev_tensor_data(a) != maxdev_tensor_data(b) || !same_shape(a, b))
-    return 0;
-  for (int32_t d = 0; d < a->ndim; ++d)
-    if (a->shape[d] != 1 && a->strides[d] != b->strides[d]) return 0;
-  return 1;
-}
-
-/* Whether writing `out` while reading `in` element by element is unsafe. */
+/* Whether writing `out` while reading `in` element by element is unsafe:
+ * they share memory, and not as the very same elements. */
 static int unsafe_overlap(const maxdev_tensor* out, const maxdev_tensor* in) {
-  return ranges_overlap(out, in) && !exact_alias(out, in);
+  return maxdev_tensor_overlap(out, in) == MAXDEV_OVERLAP_PARTIAL;
 }
-
-/* ===========================================================================
- * Broadcasting and the strided N-d iterator (the one helper every kernel
- * uses). It walks a shape with up to REF_MAX_OPS operands, each with its own
- * byte strides (0 on broadcast dimensions), merges dimensions that are
- * contiguous for all operands, and hands rows of the innermost dimension to
- * a callback.
- * ========================================================================= */
 
 /* Byte strides of t broadcast to (ndim, shape): aligned from the right,
  * stride 0 where t lacks the dimension or has size 1. 0 if t does not
- * broadcast to the shape. */
+ * broadcast to the shape. (addmm's bias, read as a matrix.) */
 static int broadcast_strides(const maxdev_tensor* t, int32_t ndim,
                              const int64_t* shape, int64_t* strides) {
   const int32_t lead = ndim - t->ndim;
@@ -192,7 +157,7 @@ static int broadcast_strides(const maxdev_tensor* t, int32_t ndim,
     if (td < 0 || t->shape[td] == 1) {
       strides[d] = 0;
     } else if (t->shape[td] == shape[d]) {
-      strides[d] = t->strides[td] * elem_size(t);
+      strides[d] = t->strides[td] * maxdev_dtype_size(t->dtype);
     } else {
       return 0;
     }
@@ -200,117 +165,15 @@ static int broadcast_strides(const maxdev_tensor* t, int32_t ndim,
   return 1;
 }
 
-/* The broadcast shape of a and b; 0 if they do not broadcast. */
-static int broadcast_shape(const maxdev_tensor* a, const maxdev_tensor* b,
-                           int32_t* ndim, int64_t* shape) {
-  const int32_t n = a->ndim > b->ndim ? a->ndim : b->ndim;
-  if (n > REF_MAX_DIMS) return 0;
-  for (int32_t d = 0; d < n; ++d) {
-    const int32_t ad = d - (n - a->ndim), bd = d - (n - b->ndim);
-    const int64_t as = ad >= 0 ? a->shape[ad] : 1;
-    const int64_t bs = bd >= 0 ? b->shape[bd] : 1;
-    if (as != bs && as != 1 && bs != 1) return 0;
-    shape[d] = as == 1 ? bs : as;
-  }
-  *ndim = n;
-  return 1;
-}
-
-typedef struct nd_iter {
-  int32_t ndim; /* >= 1 after setup */
-  int32_t nops;
-  int empty;    /* some dimension has size 0 */
-  int64_t shape[REF_MAX_DIMS];
-  int64_t strides[REF_MAX_OPS][REF_MAX_DIMS]; /* bytes */
-  char* base[REF_MAX_OPS];
-} nd_iter;
-
-/* A row: n elements; operand k starts at ptr[k] and steps step[k] bytes. */
+/* A row of the iteration: n elements; operand k starts at ptr[k] and steps
+ * step[k] bytes. */
 typedef void (*row_fn)(char* const* ptr, const int64_t* step, int64_t n,
                        void* ctx);
 
-/* Set up an iterator over (ndim, shape) from explicit byte strides
- * (strides + k * REF_MAX_DIMS for operand k) and base pointers. */
-static void iter_setup(nd_iter* it, int32_t ndim, const int64_t* shape,
-                       int32_t nops, char* const* base,
-                       const int64_t (*strides)[REF_MAX_DIMS]) {
-  it->nops = nops;
-  it->empty = 0;
-  for (int32_t k = 0; k < nops; ++k) it->base[k] = base[k];
-  /* Drop size-1 dimensions; note size-0 ones. */
-  int32_t n = 0;
-  for (int32_t d = 0; d < ndim; ++d) {
-    if (shape[d] == 0) it->empty = 1;
-    if (shape[d] == 1) continue;
-    it->shape[n] = shape[d];
-    for (int32_t k = 0; k < nops; ++k) it->strides[k][n] = strides[k][d];
-    ++n;
-  }
-  if (n == 0) { /* a single element */
-    it->shape[0] = 1;
-    for (int32_t k = 0; k < nops; ++k) it->strides[k][0] = 0;
-    n = 1;
-  }
-  /* Merge an outer dimension into the next inner one when, for every
-   * operand, stepping the outer dimension equals stepping past the whole
-   * inner one. */
-  int32_t m = 0;
-  for (int32_t d = 1; d < n; ++d) {
-    int mergeable = 1;
-    for (int32_t k = 0; k < nops; ++k)
-      if (it->strides[k][m] != it->strides[k][d] * it->shape[d]) mergeable = 0;
-    if (mergeable) {
-      it->shape[m] *= it->shape[d];
-      for (int32_t k = 0; k < nops; ++k) it->strides[k][m] = it->strides[k][d];
-    } else {
-      ++m;
-      it->shape[m] = it->shape[d];
-      for (int32_t k = 0; k < nops; ++k) it->strides[k][m] = it->strides[k][d];
-    }
-  }
-  it->ndim = m + 1;
-}
-
-/* Set up an iterator over (ndim, shape) for tensors broadcast to it.
- * 0 if some tensor does not broadcast. */
-static int iter_setup_tensors(nd_iter* it, int32_t ndim, const int64_t* shape,
-                              int32_t nops, const maxdev_tensor* const* ts) {
-  int64_t strides[REF_MAX_OPS][REF_MAX_DIMS];
-  char* base[REF_MAX_OPS];
-  for (int32_t k = 0; k < nops; ++k) {
-    if (!broadcast_strides(ts[k], ndim, shape, strides[k])) return 0;
-    base[k] = (char*)maxdev_tensor_data(ts[k]);
-  }
-  iter_setup(it, ndim, shape, nops, base, (const int64_t(*)[REF_MAX_DIMS])strides);
-  return 1;
-}
-
-/* Walk the iterator, rows of the innermost dimension to fn. `base` (or
- * NULL for the iterator's own) replaces the operands' start pointers, so one
- * set-up iterator can walk many sub-blocks (reductions). */
-static void iter_run(const nd_iter* it, char* const* base, row_fn fn,
-                     void* ctx) {
-  if (it->empty) return;
-  const int32_t inner = it->ndim - 1;
-  char* p[REF_MAX_OPS];
-  int64_t step[REF_MAX_OPS];
-  int64_t idx[REF_MAX_DIMS] = {0};
-  for (int32_t k = 0; k < it->nops; ++k) {
-    p[k] = base != NULL ? base[k] : it->base[k];
-    step[k] = it->strides[k][inner];
-  }
-  for (;;) {
-    fn(p, step, it->shape[inner], ctx);
-    int32_t d = inner - 1;
-    for (; d >= 0; --d) {
-      for (int32_t k = 0; k < it->nops; ++k) p[k] += it->strides[k][d];
-      if (++idx[d] < it->shape[d]) break;
-      for (int32_t k = 0; k < it->nops; ++k)
-        p[k] -= it->strides[k][d] * it->shape[d];
-      idx[d] = 0;
-    }
-    if (d < 0) return;
-  }
+/* Hands every span of a set-up iteration to fn. */
+static void iter_run(maxdev_iter* it, row_fn fn, void* ctx) {
+  maxdev_span span;
+  while (maxdev_iter_next(it, &span)) fn(span.ptr, span.step, span.n, ctx);
 }
 
 /* ===========================================================================
@@ -396,55 +259,21 @@ static void ew_row(char* const* p, const int64_t* s, int64_t n, void* vctx) {
   }
 }
 
-/* A 0-dim CPU tensor read as a float32 scalar, with a 0-dim view of it. */
+/* A 0-dim CPU tensor of any real dtype read as a float32 scalar, with a
+ * 0-dim view of it. */
 typedef struct scalar_view {
   float value;
-  int64_t dummy; /* shape/strides are never read for ndim 0 */
   maxdev_tensor view;
 } scalar_view;
 
 static int read_cpu_scalar(const maxdev_tensor* t, scalar_view* sv) {
-  if (t->ndim != 0 || t->dtype.lanes != 1) return 0;
-  const void* p = maxdev_tensor_data(t);
   double v;
-  switch (t->dtype.code) {
-    case MAXDEV_TYPE_FLOAT:
-      if (t->dtype.bits == 32) v = *(const float*)p;
-      else if (t->dtype.bits == 64) v = *(const double*)p;
-      else return 0;
-      break;
-    case MAXDEV_TYPE_INT:
-      switch (t->dtype.bits) {
-        case 8: v = *(const int8_t*)p; break;
-        case 16: v = *(const int16_t*)p; break;
-        case 32: v = *(const int32_t*)p; break;
-        case 64: v = (double)*(const int64_t*)p; break;
-        default: return 0;
-      }
-      break;
-    case MAXDEV_TYPE_UINT:
-      if (t->dtype.bits != 8) return 0;
-      v = *(const uint8_t*)p;
-      break;
-    case MAXDEV_TYPE_BOOL:
-      if (t->dtype.bits != 8) return 0;
-      v = *(const uint8_t*)p != 0;
-      break;
-    default:
-      return 0;
-  }
+  if (t->ndim != 0 || maxdev_scalar_to_double(t, &v, NULL) != MAXDEV_OK) return 0;
+  memset(&sv->view, 0, sizeof(sv->view));
   sv->value = (float)v;
-  sv->dummy = 0;
   sv->view.data = &sv->value;
   sv->view.device.device_type = MAXDEV_DEVICE_CPU;
-  sv->view.device.device_id = 0;
-  sv->view.ndim = 0;
-  sv->view.dtype.code = MAXDEV_TYPE_FLOAT;
-  sv->view.dtype.bits = 32;
-  sv->view.dtype.lanes = 1;
-  sv->view.shape = &sv->dummy;
-  sv->view.strides = &sv->dummy;
-  sv->view.byte_offset = 0;
+  sv->view.dtype = maxdev_dtype_of_bit(MAXDEV_DTYPE_FLOAT32);
   return 1;
 }
 
@@ -469,27 +298,25 @@ static status ew_apply(ew_op op, double alpha,
   if (unsafe_overlap(out, a) || (b != NULL && unsafe_overlap(out, b)))
     return MAXDEV_DECLINED;
 
-  int32_t ndim = a->ndim;
+  /* The inputs' broadcast shape must be out's (else PyTorch resizes). */
+  const maxdev_tensor* ops[3] = {out, a, b};
+  const int32_t nops = b != NULL ? 3 : 2;
+  int32_t ndim;
   int64_t shape[REF_MAX_DIMS];
-  if (b != NULL) {
-    if (!broadcast_shape(a, b, &ndim, shape))
-      return MAXDEV_DECLINED;
-  } else {
-    for (int32_t d = 0; d < ndim; ++d) shape[d] = a->shape[d];
-  }
-  if (ndim != out->ndim) return MAXDEV_DECLINED;
+  if (maxdev_broadcast_shape(nops - 1, ops + 1, REF_MAX_DIMS, shape, &ndim, NULL) != MAXDEV_OK ||
+      ndim != out->ndim)
+    return MAXDEV_DECLINED;
   for (int32_t d = 0; d < ndim; ++d)
     if (shape[d] != out->shape[d])
       return MAXDEV_DECLINED;
 
-  const maxdev_tensor* ops[3] = {out, a, b};
-  nd_iter it;
-  if (!iter_setup_tensors(&it, out->ndim, out->shape, b != NULL ? 3 : 2, ops))
+  maxdev_iter it;
+  if (maxdev_iter_init(&it, out->ndim, out->shape, nops, ops, NULL) != MAXDEV_OK)
     return MAXDEV_DECLINED;
   ew_ctx ctx;
   ctx.op = op;
   ctx.alpha = (float)alpha;
-  iter_run(&it, NULL, ew_row, &ctx);
+  iter_run(&it, ew_row, &ctx);
   return MAXDEV_OK;
 }
 
@@ -563,7 +390,7 @@ static status gelu_out(const maxdev_call* c) {
  * ========================================================================= */
 
 typedef struct reduce_ctx {
-  nd_iter inner;  /* one operand: self over the reduced dimensions */
+  maxdev_iter inner;  /* one operand: self over the reduced dimensions */
   double acc;
   double scale;   /* 1 for sum, 1/count for mean */
 } reduce_ctx;
@@ -582,7 +409,8 @@ static void reduce_outer_row(char* const* p, const int64_t* s, int64_t n,
   for (int64_t i = 0; i < n; ++i) {
     char* base = p[1] + i * s[1];
     ctx->acc = 0.0;
-    iter_run(&ctx->inner, &base, reduce_inner_row, ctx);
+    maxdev_iter_restart(&ctx->inner, &base);
+    iter_run(&ctx->inner, reduce_inner_row, ctx);
     EW_AT(0, i, float) = (float)(ctx->acc * ctx->scale);
   }
 }
@@ -614,10 +442,10 @@ static status reduce_out(const maxdev_call* c, int mean) {
 
   /* Expected output shape, the kept and reduced shapes, and strides. */
   int64_t kept_shape[REF_MAX_DIMS], red_shape[REF_MAX_DIMS];
-  int64_t outer_strides[2][REF_MAX_DIMS], inner_strides[1][REF_MAX_DIMS];
+  int64_t out_strides[REF_MAX_DIMS], kept_strides[REF_MAX_DIMS], red_strides[REF_MAX_DIMS];
   int32_t nkept = 0, nred = 0, od = 0;
   int64_t count = 1;
-  const int64_t es = elem_size(self);
+  const int64_t es = maxdev_dtype_size(self->dtype);
   for (int32_t d = 0; d < self->ndim; ++d) {
     if (reduced[d]) {
       if (keepdim) {
@@ -625,32 +453,39 @@ static status reduce_out(const maxdev_call* c, int mean) {
         ++od;
       }
       red_shape[nred] = self->shape[d];
-      inner_strides[0][nred] = self->strides[d] * es;
+      red_strides[nred] = self->strides[d] * es;
       ++nred;
       count *= self->shape[d];
     } else {
       if (od >= out->ndim || out->shape[od] != self->shape[d]) goto shape_error;
       kept_shape[nkept] = self->shape[d];
-      outer_strides[0][nkept] = out->strides[od] * elem_size(out);
-      outer_strides[1][nkept] = self->strides[d] * es;
+      out_strides[nkept] = out->strides[od] * maxdev_dtype_size(out->dtype);
+      kept_strides[nkept] = self->strides[d] * es;
       ++nkept;
       ++od;
     }
   }
   if (od != out->ndim) goto shape_error;
 
+  /* outer: (out, self) over the kept dimensions; inner: self over the
+   * reduced ones, restarted below each output element. */
   reduce_ctx ctx;
-  char* inner_base[1] = {(char*)maxdev_tensor_data(self)};
-  char* outer_base[2] = {(char*)maxdev_tensor_data(out), inner_base[0]};
-  iter_setup(&ctx.inner, nred, red_shape, 1, inner_base,
-             (const int64_t(*)[REF_MAX_DIMS])inner_strides);
+  maxdev_iter outer;
+  char* base[2] = {(char*)maxdev_tensor_data(out), (char*)maxdev_tensor_data(self)};
+  const int64_t item[2] = {maxdev_dtype_size(out->dtype), es};
+  int64_t outer_strides[2 * REF_MAX_DIMS];
+  for (int32_t d = 0; d < nkept; ++d) {
+    outer_strides[d] = out_strides[d];
+    outer_strides[nkept + d] = kept_strides[d];
+  }
+  if (maxdev_iter_init_strided(&ctx.inner, nred, red_shape, 1, base + 1, red_strides, item + 1, NULL) !=
+          MAXDEV_OK ||
+      maxdev_iter_init_strided(&outer, nkept, kept_shape, 2, base, outer_strides, item, NULL) != MAXDEV_OK)
+    return MAXDEV_DECLINED;
   /* Reducing over nothing: the inner walk adds no element, so sum is 0 and
    * mean is 0 * NaN = NaN, as in PyTorch. */
   ctx.scale = !mean ? 1.0 : count == 0 ? NAN : 1.0 / (double)count;
-  nd_iter outer;
-  iter_setup(&outer, nkept, kept_shape, 2, outer_base,
-             (const int64_t(*)[REF_MAX_DIMS])outer_strides);
-  iter_run(&outer, NULL, reduce_outer_row, &ctx);
+  iter_run(&outer, reduce_outer_row, &ctx);
   return MAXDEV_OK;
 
 shape_error:
@@ -674,8 +509,8 @@ typedef struct mat {
 static mat mat_of(const maxdev_tensor* t, int32_t first_dim) {
   mat m;
   m.p = (char*)maxdev_tensor_data(t);
-  m.s0 = t->strides[first_dim] * elem_size(t);
-  m.s1 = t->strides[first_dim + 1] * elem_size(t);
+  m.s0 = t->strides[first_dim] * maxdev_dtype_size(t->dtype);
+  m.s1 = t->strides[first_dim + 1] * maxdev_dtype_size(t->dtype);
   return m;
 }
 
@@ -722,9 +557,9 @@ static status mm_like(const maxdev_call* c, int batched) {
   for (int64_t bi = 0; bi < batch; ++bi) {
     mat ma = mat_of(a, o), mb = mat_of(b, o), mo = mat_of(out, o);
     if (batched) {
-      ma.p += bi * a->strides[0] * elem_size(a);
-      mb.p += bi * b->strides[0] * elem_size(b);
-      mo.p += bi * out->strides[0] * elem_size(out);
+      ma.p += bi * a->strides[0] * maxdev_dtype_size(a->dtype);
+      mb.p += bi * b->strides[0] * maxdev_dtype_size(b->dtype);
+      mo.p += bi * out->strides[0] * maxdev_dtype_size(out->dtype);
     }
     matmul(mo, ma, mb, NULL, 0.0, 1.0, n, k, m, acc);
   }
@@ -777,10 +612,13 @@ static status addmm_out(const maxdev_call* c) {
 
 typedef enum sm_op { SM_SOFTMAX, SM_LOG_SOFTMAX, SM_SOFTMAX_BWD, SM_LOG_SOFTMAX_BWD } sm_op;
 
+/* Most operands of a softmax kernel: grad_input, grad_output, output. */
+#define SM_MAX_OPS 3
+
 typedef struct sm_ctx {
   sm_op op;
   int64_t len;               /* size of the softmax dimension */
-  int64_t vstep[REF_MAX_OPS]; /* byte strides along it */
+  int64_t vstep[SM_MAX_OPS]; /* byte strides along it */
 } sm_ctx;
 
 #define SM_V(k, j) (*(float*)(q[k] + (j) * ctx->vstep[k]))
@@ -824,7 +662,7 @@ static void sm_vector(const sm_ctx* ctx, char* const* q) {
 
 static void sm_row(char* const* p, const int64_t* s, int64_t n, void* vctx) {
   const sm_ctx* ctx = (const sm_ctx*)vctx;
-  char* q[REF_MAX_OPS];
+  char* q[SM_MAX_OPS];
   const int32_t nops = ctx->op == SM_SOFTMAX || ctx->op == SM_LOG_SOFTMAX ? 2 : 3;
   for (int64_t i = 0; i < n; ++i) {
     for (int32_t k = 0; k < nops; ++k) q[k] = p[k] + i * s[k];
@@ -849,22 +687,24 @@ static status sm_apply(sm_op op, int64_t dim,
   sm_ctx ctx;
   ctx.op = op;
   ctx.len = t0->ndim == 0 ? 1 : t0->shape[d];
-  int64_t shape[REF_MAX_DIMS], strides[REF_MAX_OPS][REF_MAX_DIMS];
-  char* base[REF_MAX_OPS];
+  int64_t shape[REF_MAX_DIMS], strides[SM_MAX_OPS * REF_MAX_DIMS], item[SM_MAX_OPS];
+  char* base[SM_MAX_OPS];
   for (int32_t k = 0; k < nops; ++k) {
     base[k] = (char*)maxdev_tensor_data(ts[k]);
-    ctx.vstep[k] = t0->ndim == 0 ? 0 : ts[k]->strides[d] * elem_size(ts[k]);
+    item[k] = maxdev_dtype_size(ts[k]->dtype);
+    ctx.vstep[k] = t0->ndim == 0 ? 0 : ts[k]->strides[d] * item[k];
   }
   /* The other dimensions: the softmax one gets size 1. */
   for (int32_t e = 0; e < t0->ndim; ++e) {
     shape[e] = e == d ? 1 : t0->shape[e];
     for (int32_t k = 0; k < nops; ++k)
-      strides[k][e] = ts[k]->strides[e] * elem_size(ts[k]);
+      strides[k * t0->ndim + e] = ts[k]->strides[e] * item[k];
   }
   if (ctx.len == 0) return MAXDEV_OK;
-  nd_iter it;
-  iter_setup(&it, t0->ndim, shape, nops, base, (const int64_t(*)[REF_MAX_DIMS])strides);
-  iter_run(&it, NULL, sm_row, &ctx);
+  maxdev_iter it;
+  if (maxdev_iter_init_strided(&it, t0->ndim, shape, nops, base, strides, item, NULL) != MAXDEV_OK)
+    return MAXDEV_DECLINED;
+  iter_run(&it, sm_row, &ctx);
   return MAXDEV_OK;
 }
 

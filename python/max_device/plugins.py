@@ -158,8 +158,8 @@ class Plugin:
     (snapshot to publish, for this version); ``loaded_at`` (Unix time this
     version was published); ``previous_versions`` (older versions still
     mapped, rollback targets); ``calls_in_flight`` (kernel calls of this
-    version running now); ``allow_untrusted``; ``loaded``; ``id`` (this
-    load, unique in the process)."""
+    version running now); ``allow_untrusted``; ``allow_composite``;
+    ``loaded``; ``id`` (this load, unique in the process)."""
 
     def __init__(self, info: dict):
         self._id = info["id"]
@@ -229,7 +229,7 @@ class Plugin:
 
 
 def _checks(path: str, plugin: str, reload: bool, validate: bool, isolate: bool, preflight: bool,
-            timeout: float, samples=None, references=None) -> dict:
+            timeout: float, samples=None, references=None, allow_composite: bool = False) -> dict:
     """The registry's checks for these options: a child process (isolate),
     a forked child (preflight), with the kernel comparison there if asked;
     else the comparison in this process before publish."""
@@ -238,7 +238,8 @@ def _checks(path: str, plugin: str, reload: bool, validate: bool, isolate: bool,
             or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if isolate:
-        return {"before_open": validation.isolated_check(path, plugin, validate, timeout)}
+        return {"before_open": validation.isolated_check(path, plugin, validate, timeout, samples=samples,
+                                                         references=references, allow_composite=allow_composite)}
     if preflight:
         return {"before_open": validation.preflight_check(path, plugin, reload, validate, timeout, samples=samples,
                                                           references=references)}
@@ -289,7 +290,9 @@ def load_plugin(path: PathArg, *, name: Optional[str] = None, sha256: Optional[s
     ``preflight=True`` does the same in a fork of this process
     (milliseconds instead of seconds). ``timeout`` bounds either child.
     ``samples``/``references`` (dicts, or a samples file) check custom ops
-    in ``validate``, as in ``testing.check_plugin`` (not with ``isolate``).
+    in ``validate``, as in ``testing.check_plugin``; with ``isolate`` too
+    (a samples file's path, or functions the child imports by name: see
+    ``max_device.validation``; a lambda raises ``TypeError``).
 
     A kernel on a CompositeImplicitAutograd op (``aten::softmax.int``) is
     refused (``SchemaError`` naming the overload to serve instead): PyTorch
@@ -300,7 +303,7 @@ def load_plugin(path: PathArg, *, name: Optional[str] = None, sha256: Optional[s
     name = _name_arg(name)
     pinned = _pinned(sha256)
     checks = _checks(path, name or inspect(path).name, False, validate, isolate, preflight, timeout, samples,
-                     references) if validate or isolate or preflight else {}
+                     references, allow_composite) if validate or isolate or preflight else {}
     info = _C._load_plugin(os.fsencode(path), name, origin=origin, sha256=pinned,
                            allow_untrusted=allow_untrusted, allow_composite=allow_composite, **checks)
     return Plugin(info)
@@ -344,8 +347,10 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *,
     name, load_id = _target(plugin)
     path, origin = (None, None) if path is None else _resolve(path)
     pinned = _pinned(sha256)
-    checks = _checks(path or get_plugin(name).path, name, True, validate, isolate, preflight, timeout, samples,
-                     references) if validate or isolate or preflight else {}
+    current = get_plugin(name) if validate or isolate or preflight else None
+    checks = _checks(path or current.path, name, True, validate, isolate, preflight, timeout, samples, references,
+                     current.allow_composite if allow_composite is None else allow_composite) \
+        if current is not None else {}
     info = _C._reload_plugin(name, None if path is None else os.fsencode(path), force, origin=origin,
                              sha256=pinned, allow_untrusted=allow_untrusted, allow_composite=allow_composite,
                              id=load_id, **checks)

@@ -13,13 +13,21 @@ and init and, with ``validate``, the comparison. A build that crashes,
 aborts, throws or hangs there is refused while this process keeps serving.
 
 ``isolate=True``: the same in a fresh interpreter (seconds: it imports
-torch), for when forking this process is not wanted.
+torch), for when forking this process is not wanted. With ``validate``
+the child runs exactly what ``validate=True`` runs here, ``samples`` and
+``references`` included. They cross to the child as a samples file's path
+(``samples="file.py"``, read there), or pickled by reference: functions
+defined at the top level of a module the child can import (it gets this
+process's ``sys.path``). A lambda, a nested function or one defined in
+``__main__`` cannot cross: ``TypeError`` naming the op, before anything
+starts.
 """
 
 import dataclasses
 import faulthandler
 import json
 import os
+import pickle
 import resource
 import select
 import signal
@@ -29,7 +37,7 @@ import time
 from typing import Callable, List, Optional
 
 from .errors import PluginError
-from .testing import check_ops
+from .testing import SampleFailure, check_ops
 
 
 class ValidationError(PluginError):
@@ -41,12 +49,6 @@ class ValidationError(PluginError):
     def __init__(self, message: str, *, report: Optional[List] = None, **where):
         super().__init__(message, **where)
         self.report = list(report or [])
-
-
-def _describe_failure(failure: dict) -> str:
-    """A failing sample reported by a child process, on one line."""
-    return (f"{failure['op']} [{failure['source']}, {failure['dtype']}, {failure['variant']} #{failure['sample']}] "
-            f"{failure['description']}: max abs {failure['max_abs']:.3g}, max rel {failure['max_rel']:.3g}")
 
 
 def _format(report) -> str:
@@ -118,10 +120,10 @@ def preflight_check(path: str, plugin: str, reload: bool, validate: bool, timeou
         except ValueError:
             result = {}
         if result.get("mismatches") is not None:
-            report = result["mismatches"]
+            report = [SampleFailure(**m) for m in result["mismatches"]]
             raise ValidationError(f"plugin '{plugin}' ({path}): {result['error']}; the new version was not "
-                                  f"published:\n{_format([_describe_failure(m) for m in report])}",
-                                  report=report, file=path, plugin=plugin)
+                                  f"published:\n{_format(report)}",
+                                  report=report, file=path, plugin=plugin, op=report[0].op if report else None)
         raise _refusal(path, plugin, "pre-flight child (a fork of this process)", status, result.get("error", ""))
     return check
 
@@ -172,27 +174,80 @@ def _preflight_child(snapshot: str, plugin: str, reload: bool, validate: bool, s
     return {"ok": True}
 
 
-def isolated_check(path: str, plugin: str, validate: bool, timeout: float) -> Callable[[str], None]:
-    """The registry's before_open check for ``isolate=True``."""
+def _crossing(role: str, op: str, fn, where: str) -> None:
+    """Refuses (TypeError) a samples/references callable that a fresh
+    interpreter cannot import by name."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    why = None
+    if module == "__main__":
+        why = "it is defined in __main__, which the child does not run"
+    elif "<lambda>" in qualname or "<locals>" in qualname:
+        why = "it is a lambda or a nested function"
+    else:
+        try:
+            pickle.dumps(fn)
+        except Exception as e:  # noqa: BLE001 - pickle raises many types; all mean "cannot cross"
+            why = f"it cannot be pickled by reference ({type(e).__name__}: {e})"
+    if why:
+        raise TypeError(f"{where}: isolate=True cannot pass {role}[{op!r}] = {fn!r} to the child process: {why}. "
+                        f"Define it at the top level of an importable module, or pass samples='file.py' "
+                        f"(SAMPLES and REFERENCES dicts, as `check --samples` reads)")
+
+
+def isolated_payload(samples, references, where: str) -> Optional[bytes]:
+    """What the isolated child needs to run validate's checks with these
+    ``samples``/``references`` (None: nothing to send). Raises TypeError for
+    callables that cannot cross, so nothing has started."""
+    if samples is None and not references:
+        return None
+    sent = {"samples_file": None, "samples": None, "references": dict(references or {})}
+    if isinstance(samples, (str, bytes, os.PathLike)):
+        sent["samples_file"] = os.path.abspath(os.fsdecode(samples))
+    elif samples is not None:
+        if not isinstance(samples, dict):
+            raise TypeError(f"{where}: samples must be a dict {{op: fn(dtype)}} or a samples file's path, "
+                            f"got {type(samples).__name__}")
+        sent["samples"] = dict(samples)
+    for role in ("samples", "references"):
+        for op, fn in (sent[role] or {}).items():
+            _crossing(role, op, fn, where)
+    # The child extends its sys.path before it unpickles the functions.
+    return pickle.dumps({"sys_path": list(sys.path), "checks": pickle.dumps(sent)})
+
+
+def isolated_check(path: str, plugin: str, validate: bool, timeout: float, *, samples=None, references=None,
+                   allow_composite: bool = False) -> Callable[[str], None]:
+    """The registry's before_open check for ``isolate=True``: a fresh
+    interpreter loads the snapshot, with ``validate`` exactly as
+    ``validate=True`` does here (``samples``/``references`` included)."""
+    payload = isolated_payload(samples, references, f"plugin '{plugin}' ({path})") if validate else None
+
     def check(snapshot: str) -> None:
         command = [sys.executable, "-m", "max_device._isolated", snapshot, "--name", plugin]
         if validate:
             command.append("--validate")
+        if allow_composite:
+            command.append("--allow-composite")
+        if payload is not None:
+            command.append("--checks-on-stdin")
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(command, input=payload or b"", capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise ValidationError(f"plugin '{plugin}' ({path}): the isolated check did not finish within "
                                   f"{timeout:g} s (hang?); not loaded", file=path, plugin=plugin) from None
+        stdout, stderr = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
         if done.returncode < 0:
             name = signal.Signals(-done.returncode).name
             raise ValidationError(f"plugin '{plugin}' ({path}): the isolated check crashed with {name}; "
-                                  f"not loaded\n{done.stderr[-2000:]}", file=path, plugin=plugin)
+                                  f"not loaded\n{stderr[-2000:]}", file=path, plugin=plugin)
         if done.returncode != 0:
             try:
-                result = json.loads(done.stdout.strip().splitlines()[-1])
+                result = json.loads(stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
-                result = {"error": done.stderr.strip()[-2000:] or f"exit status {done.returncode}"}
+                result = {"error": stderr.strip()[-2000:] or f"exit status {done.returncode}"}
+            report = [SampleFailure(**m) for m in result.get("mismatches") or []]
+            detail = f":\n{_format(report)}" if report else ""
             raise ValidationError(f"plugin '{plugin}' ({path}): the isolated check failed: "
-                                  f"{result.get('error', '')}", report=result.get("mismatches"),
-                                  file=path, plugin=plugin)
+                                  f"{result.get('error', '')}{detail}", report=report,
+                                  file=path, plugin=plugin, op=report[0].op if report else None)
     return check

@@ -47,6 +47,9 @@ class Watch:
             raise ValueError(f"pattern must be a shell pattern for file names (e.g. 'lib*.so'), got {pattern!r}")
         self.target = _path_text(target)
         self.pattern = pattern
+        if isolate and validate:  # refuse samples a fresh interpreter cannot receive now, not at each build
+            from .validation import isolated_payload
+            isolated_payload(samples, references, f"watch({self.target!r})")
         self._reload_options: Dict[str, Any] = dict(preflight=preflight and not isolate, validate=validate,
                                                     isolate=isolate, timeout=timeout, samples=samples,
                                                     references=references)

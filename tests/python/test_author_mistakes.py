@@ -105,3 +105,53 @@ def test_reload_validation_runs_the_same_checks_with_samples(author_plugin, load
             plugin.reload(author_plugin(mistake), validate=True, samples=SAMPLES)
         assert variants <= {f.variant for f in caught.value.report if f.op == op}
     assert max_device.get_plugin("author").generation == 1  # the correct version still serves
+
+
+def test_isolated_validation_runs_the_same_checks_with_a_samples_file(author_plugin, load_plugin):
+    """isolate=True: a fresh interpreter runs validate's checks, the
+    author's samples included: the wrong swiglu (which only the samples
+    reveal) is refused, the right one accepted."""
+    plugin = load_plugin(author_plugin("author_ok"), name="author")
+    with pytest.raises(max_device.ValidationError, match="isolated check failed") as caught:
+        plugin.reload(author_plugin("swiglu_wrong"), isolate=True, validate=True, samples=SAMPLES)
+    assert "author::swiglu" in str(caught.value) and caught.value.op == "author::swiglu"
+    assert "reference" in {f.variant for f in caught.value.report if f.op == "author::swiglu"}
+    assert plugin.generation == 1
+    plugin.reload(author_plugin("author_ok"), isolate=True, validate=True, samples=SAMPLES, force=True)
+    assert plugin.generation == 2
+
+
+def test_isolated_validation_takes_functions_the_child_can_import(author_plugin, load_plugin, tmp_path,
+                                                                    monkeypatch):
+    (tmp_path / "swiglu_checks.py").write_text(
+        "import torch\n"
+        "def swiglu_samples(dtype):\n"
+        "    yield (torch.randn(4, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype)), {}\n"
+        "def swiglu_reference(gate, up):\n"
+        "    return torch.nn.functional.silu(gate) * up\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import swiglu_checks
+    plugin = load_plugin(author_plugin("author_ok"), name="author")
+    with pytest.raises(max_device.ValidationError) as caught:
+        plugin.reload(author_plugin("swiglu_wrong"), isolate=True, validate=True,
+                      samples={"author::swiglu": swiglu_checks.swiglu_samples},
+                      references={"author::swiglu": swiglu_checks.swiglu_reference})
+    assert "reference" in {f.variant for f in caught.value.report if f.op == "author::swiglu"}
+    assert plugin.generation == 1
+
+
+def test_isolated_validation_refuses_functions_that_cannot_cross(author_plugin, load_plugin):
+    plugin = load_plugin(author_plugin("author_ok"), name="author")
+    before = max_device.list_ops()
+
+    def nested(dtype):
+        return []
+
+    for samples, references, why in [
+            ({"author::swiglu": nested}, None, "nested function"),
+            ({"author::swiglu": nested.__call__}, None, "cannot be pickled"),
+            (SAMPLES, {"author::swiglu": lambda gate, up: gate}, "lambda")]:
+        with pytest.raises(TypeError, match=rf"plugin 'author' .*author::swiglu.*{why}.*samples='file\.py'"):
+            plugin.reload(author_plugin("swiglu_wrong"), isolate=True, validate=True, samples=samples,
+                          references=references)
+    assert plugin.generation == 1 and max_device.list_ops() == before

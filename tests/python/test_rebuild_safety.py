@@ -164,7 +164,7 @@ def test_preflight_with_validate_checks_the_kernels_in_the_child(tmp_path, load_
     plugin = load_plugin(str(path))
     with pytest.raises(max_device.ValidationError) as info:
         max_device.reload_plugin(plugin, fixture_file("wrong_kernel"), preflight=True, validate=True)
-    assert info.value.report and info.value.report[0]["op"] == "aten::neg.out"
+    assert info.value.report and info.value.report[0].op == "aten::neg.out"
     assert "aten::neg.out" in str(info.value) and "pre-flight" in str(info.value)
     assert plugin.generation == 1
     max_device.reload_plugin(plugin, fixture_file("good_copy"), preflight=True, validate=True)

@@ -21,7 +21,8 @@
  *     error state crosses this boundary. Errors are a status code plus a
  *     message the host copies before the call returns.
  *
- * C99, standard headers only.
+ * C99, standard headers only. The helpers of the C SDK (max_device/sdk.h:
+ * strided iteration, scalars, overlap, dtypes) come with this header.
  */
 #ifndef MAX_DEVICE_PLUGIN_H_
 #define MAX_DEVICE_PLUGIN_H_
@@ -411,45 +412,6 @@ static inline int maxdev_tensor_is_contiguous(const maxdev_tensor* t) {
   return 1;
 }
 
-/* How an output's memory relates to an input's, as PyTorch judges out= and
- * in-place arguments: disjoint, the very same elements (in place: fine), or
- * a partial overlap, which PyTorch refuses ("some elements of the input
- * tensor and the written-to tensor refer to a single memory location"). */
-#define MAXDEV_OVERLAP_NONE 0
-#define MAXDEV_OVERLAP_SAME 1
-#define MAXDEV_OVERLAP_PARTIAL 2
-
-/* First and one-past-last byte t's elements reach (empty: lo == hi). */
-static inline void maxdev_tensor_extent_(const maxdev_tensor* t, const char** lo, const char** hi) {
-  int64_t low = 0, high = 0, item = (t->dtype.bits + 7) / 8;
-  const char* first = (const char*)maxdev_tensor_data(t);
-  if (maxdev_tensor_numel(t) == 0) {
-    *lo = *hi = first;
-    return;
-  }
-  for (int32_t d = 0; d < t->ndim; ++d) {
-    const int64_t span = (t->shape[d] - 1) * t->strides[d];
-    if (span < 0) low += span; else high += span;
-  }
-  *lo = first + low * item;
-  *hi = first + (high + 1) * item;
-}
-
-static inline int maxdev_tensor_overlap(const maxdev_tensor* a, const maxdev_tensor* b) {
-  const char *alo, *ahi, *blo, *bhi;
-  maxdev_tensor_extent_(a, &alo, &ahi);
-  maxdev_tensor_extent_(b, &blo, &bhi);
-  if (alo == ahi || blo == bhi || ahi <= blo || bhi <= alo) return MAXDEV_OVERLAP_NONE;
-  if (maxdev_tensor_data(a) != maxdev_tensor_data(b) || a->ndim != b->ndim ||
-      a->dtype.bits != b->dtype.bits)
-    return MAXDEV_OVERLAP_PARTIAL;
-  for (int32_t d = 0; d < a->ndim; ++d) {
-    if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->strides[d] != b->strides[d]))
-      return MAXDEV_OVERLAP_PARTIAL;
-  }
-  return MAXDEV_OVERLAP_SAME;
-}
-
 /* Whether t has the given dtype. */
 static inline int maxdev_dtype_is(maxdev_dtype dtype, uint8_t code,
                                   uint8_t bits) {
@@ -469,5 +431,7 @@ static inline double maxdev_value_as_double(const maxdev_value* v) {
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+#include "max_device/sdk.h"
 
 #endif /* MAX_DEVICE_PLUGIN_H_ */

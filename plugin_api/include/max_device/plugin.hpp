@@ -33,7 +33,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <optional>
@@ -92,30 +91,12 @@ constexpr bool operator!=(maxdev_dtype a, maxdev_dtype b) noexcept {
   return !same_dtype(a, b);
 }
 
-// "float32", "int64", ... (PyTorch's names); "dtype(code=C,bits=B,lanes=L)"
-// for anything else.
+// "float32", "int64", ... (PyTorch's names, maxdev_dtype_name);
+// "dtype(code=C,bits=B,lanes=L)" for anything else.
 inline std::string dtype_name(maxdev_dtype d) {
-  if (d.lanes == 1) {
-    switch (d.code) {
-      case MAXDEV_TYPE_BOOL:
-        if (d.bits == 8) return "bool";
-        break;
-      case MAXDEV_TYPE_UINT:
-        return "uint" + std::to_string(d.bits);
-      case MAXDEV_TYPE_INT:
-        return "int" + std::to_string(d.bits);
-      case MAXDEV_TYPE_FLOAT:
-        return "float" + std::to_string(d.bits);
-      case MAXDEV_TYPE_BFLOAT:
-        return "bfloat" + std::to_string(d.bits);
-      case MAXDEV_TYPE_COMPLEX:
-        return "complex" + std::to_string(d.bits);
-      default:
-        break;
-    }
-  }
-  return "dtype(code=" + std::to_string(d.code) + ",bits=" +
-         std::to_string(d.bits) + ",lanes=" + std::to_string(d.lanes) + ")";
+  if (const char* name = maxdev_dtype_name(d)) return name;
+  return "dtype(code=" + std::to_string(d.code) + ",bits=" + std::to_string(d.bits) + ",lanes=" +
+         std::to_string(d.lanes) + ")";
 }
 
 // The dtype of a C++ element type, for Tensor::data<T>().
@@ -417,79 +398,22 @@ class Call {
 
 // ---------------------------------------------------------------------------
 // 16-bit floating types, for data<T>() and the dtype dispatch below: storage
-// only, converted to and from float (round to nearest even).
+// only, converted to and from float (round to nearest even) by the C SDK's
+// maxdev_float_to_float16 & co.
 // ---------------------------------------------------------------------------
 
 struct Half {
   uint16_t bits = 0;
   Half() = default;
-  Half(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a float
-  operator float() const { return to_float(bits); }
-
-  static uint16_t from_float(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t mant = x & 0x7fffffu;
-    const int32_t exp = static_cast<int32_t>((x >> 23) & 0xffu);
-    if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant != 0 ? 0x200u : 0u));
-    const int32_t e = exp - 127 + 15;
-    if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);
-    if (e <= 0) {  // subnormal half (or zero)
-      if (e < -10) return static_cast<uint16_t>(sign);
-      mant |= 0x800000u;
-      const uint32_t shift = static_cast<uint32_t>(14 - e);
-      uint32_t h = mant >> shift;
-      const uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-      if (rem > halfway || (rem == halfway && (h & 1u))) ++h;
-      return static_cast<uint16_t>(sign | h);
-    }
-    uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-    const uint32_t rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rounds up to the next power (or inf)
-    return static_cast<uint16_t>(h);
-  }
-  static float to_float(uint16_t h) {
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    int32_t exp = (h >> 10) & 0x1f;
-    uint32_t mant = h & 0x3ffu;
-    uint32_t x;
-    if (exp == 0x1f) {
-      x = sign | 0x7f800000u | (mant << 13);
-    } else if (exp != 0) {
-      x = sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13);
-    } else if (mant == 0) {
-      x = sign;
-    } else {  // subnormal: normalize
-      exp = -14;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      x = sign | (static_cast<uint32_t>(exp + 127) << 23) | ((mant & 0x3ffu) << 13);
-    }
-    float f;
-    std::memcpy(&f, &x, 4);
-    return f;
-  }
+  Half(float f) : bits(maxdev_float_to_float16(f)) {}  // NOLINT: implicit like a float
+  operator float() const { return maxdev_float16_to_float(bits); }
 };
 
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
-  BFloat16(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a float
-  operator float() const {
-    const uint32_t x = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &x, 4);
-    return f;
-  }
-  static uint16_t from_float(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-    return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-  }
+  BFloat16(float f) : bits(maxdev_float_to_bfloat16(f)) {}  // NOLINT: implicit like a float
+  operator float() const { return maxdev_bfloat16_to_float(bits); }
 };
 
 template <> struct dtype_of<Half> { static constexpr maxdev_dtype value = kFloat16; };
@@ -515,22 +439,26 @@ struct type_tag {
 // float32, float64, bfloat16, float16.
 template <typename F>
 decltype(auto) dispatch_floating(maxdev_dtype dtype, F&& f) {
-  if (same_dtype(dtype, kFloat32)) return f(type_tag<float>{});
-  if (same_dtype(dtype, kFloat64)) return f(type_tag<double>{});
-  if (same_dtype(dtype, kBFloat16)) return f(type_tag<BFloat16>{});
-  if (same_dtype(dtype, kFloat16)) return f(type_tag<Half>{});
-  throw Declined{};
+  switch (maxdev_dtype_bit(dtype)) {
+    case MAXDEV_DTYPE_FLOAT32: return f(type_tag<float>{});
+    case MAXDEV_DTYPE_FLOAT64: return f(type_tag<double>{});
+    case MAXDEV_DTYPE_BFLOAT16: return f(type_tag<BFloat16>{});
+    case MAXDEV_DTYPE_FLOAT16: return f(type_tag<Half>{});
+    default: throw Declined{};
+  }
 }
 
 // uint8, int8, int16, int32, int64.
 template <typename F>
 decltype(auto) dispatch_integral(maxdev_dtype dtype, F&& f) {
-  if (same_dtype(dtype, kInt64)) return f(type_tag<int64_t>{});
-  if (same_dtype(dtype, kInt32)) return f(type_tag<int32_t>{});
-  if (same_dtype(dtype, kInt16)) return f(type_tag<int16_t>{});
-  if (same_dtype(dtype, kInt8)) return f(type_tag<int8_t>{});
-  if (same_dtype(dtype, kUInt8)) return f(type_tag<uint8_t>{});
-  throw Declined{};
+  switch (maxdev_dtype_bit(dtype)) {
+    case MAXDEV_DTYPE_INT64: return f(type_tag<int64_t>{});
+    case MAXDEV_DTYPE_INT32: return f(type_tag<int32_t>{});
+    case MAXDEV_DTYPE_INT16: return f(type_tag<int16_t>{});
+    case MAXDEV_DTYPE_INT8: return f(type_tag<int8_t>{});
+    case MAXDEV_DTYPE_UINT8: return f(type_tag<uint8_t>{});
+    default: throw Declined{};
+  }
 }
 
 // Floating and integral types (not bool, not complex).
@@ -541,21 +469,35 @@ decltype(auto) dispatch_real(maxdev_dtype dtype, F&& f) {
   return dispatch_floating(dtype, std::forward<F>(f));
 }
 
+namespace detail {
+// Turns a C SDK helper's outcome into the C++ SDK's: MAXDEV_ERROR throws
+// maxdev::Error with its message, MAXDEV_DECLINED throws maxdev::Declined.
+inline void check_sdk_status(maxdev_status st, const char* error) {
+  if (st == MAXDEV_ERROR) throw Error(error);
+  if (st == MAXDEV_DECLINED) throw Declined{};
+}
+}  // namespace detail
+
 // ---------------------------------------------------------------------------
 // Scalars: the value of a one-element tensor (a 0-dim CPU scalar such as the
 // `other` of torch.mul(x, 2.5), or a device tensor) of any real dtype or bool.
 // ---------------------------------------------------------------------------
 
+// Read by maxdev_scalar_to_int64 for an integral T, maxdev_scalar_to_double
+// otherwise. More than one element throws maxdev::Error; a complex dtype
+// throws maxdev::Declined.
 template <typename T>
 T scalar_value(const Tensor& t) {
-  if (t.numel() != 1)
-    throw Error("expected a one-element tensor, got " + std::to_string(t.numel()) + " elements");
-  if (t.has_dtype(kBool)) return static_cast<T>(*static_cast<const uint8_t*>(t.data_ptr()) != 0);
-  return dispatch_real(t.dtype(), [&](auto tag) -> T {
-    using S = typename decltype(tag)::type;
-    return static_cast<T>(static_cast<std::conditional_t<std::is_class_v<S>, float, S>>(
-        *static_cast<const S*>(t.data_ptr())));
-  });
+  char error[MAXDEV_ERROR_SIZE] = "";
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    int64_t v = 0;
+    detail::check_sdk_status(maxdev_scalar_to_int64(t.raw(), &v, error), error);
+    return static_cast<T>(v);
+  } else {
+    double v = 0.0;
+    detail::check_sdk_status(maxdev_scalar_to_double(t.raw(), &v, error), error);
+    return static_cast<T>(static_cast<std::conditional_t<std::is_class_v<T>, float, double>>(v));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -584,94 +526,60 @@ inline void check_no_partial_overlap(const Tensor& out, std::initializer_list<Te
 // Broadcasting iteration over N strided tensors (a small TensorIterator).
 // ---------------------------------------------------------------------------
 
-// The broadcast shape of `shapes` (PyTorch's rules); throws maxdev::Error
-// when they do not broadcast.
+// The broadcast shape of `shapes` (PyTorch's rules; maxdev_broadcast_shape);
+// throws maxdev::Error when they do not broadcast.
 inline std::vector<int64_t> broadcast_shape(std::initializer_list<ArrayView<int64_t>> shapes) {
-  size_t ndim = 0;
-  for (const auto& s : shapes) ndim = std::max(ndim, s.size());
-  std::vector<int64_t> out(ndim, 1);
+  // Shape-only views: maxdev_broadcast_shape reads nothing else.
+  std::vector<maxdev_tensor> views(shapes.size());
+  std::vector<const maxdev_tensor*> operands(shapes.size());
+  size_t capacity = 0, i = 0;
   for (const auto& s : shapes) {
-    for (size_t i = 0; i < s.size(); ++i) {
-      int64_t& o = out[ndim - s.size() + i];
-      if (s[i] == o || s[i] == 1) continue;
-      if (o != 1) throw Error("shapes do not broadcast: size " + std::to_string(s[i]) + " against " + std::to_string(o));
-      o = s[i];
-    }
+    views[i].ndim = static_cast<int32_t>(s.size());
+    views[i].shape = const_cast<int64_t*>(s.data());
+    operands[i] = &views[i];
+    capacity = std::max(capacity, s.size());
+    ++i;
   }
+  std::vector<int64_t> out(capacity);
+  int32_t ndim = 0;
+  char error[MAXDEV_ERROR_SIZE] = "";
+  detail::check_sdk_status(maxdev_broadcast_shape(static_cast<int32_t>(operands.size()), operands.data(),
+                                                  static_cast<int32_t>(capacity), out.data(), &ndim, error),
+                           error);
+  out.resize(static_cast<size_t>(ndim));
   return out;
 }
 
-// Visits every element of `shape` with N operands broadcast to it: calls
-// body(ptrs, n, steps) for runs of n elements, where ptrs[k] points at
-// operand k's first element of the run and steps[k] is its byte stride
-// within the run (0 for a broadcast dimension). Dimensions that are
-// contiguous for every operand are merged first, so a contiguous problem
-// is one run. Operand k must broadcast to `shape` (throws maxdev::Error).
+// Visits every element of `shape` with N operands broadcast to it (the C
+// SDK's maxdev_iter): calls body(ptrs, n, steps) for runs of n elements,
+// where ptrs[k] points at operand k's first element of the run and steps[k]
+// is its byte stride within the run (0 for a broadcast dimension).
+// Dimensions that are contiguous for every operand are merged first, so a
+// contiguous problem is one run. `max_run` > 0 bounds the runs' length
+// (chunks). Operand k must broadcast to `shape` (else maxdev::Error); more
+// than MAXDEV_ITER_MAX_DIMS dimensions left after merging throw
+// maxdev::Declined.
 template <size_t N, typename Body>
-void for_each_run(ArrayView<int64_t> shape, const std::array<Tensor, N>& operands, Body&& body) {
-  const size_t ndim = shape.size();
-  int64_t numel = 1;
-  for (int64_t s : shape) numel *= s;
-  if (numel == 0) return;
-  // strides[k][d]: bytes, aligned to `shape` (leading and size-1 dims: 0)
-  std::vector<std::array<int64_t, N>> strides(ndim);
-  std::vector<int64_t> sizes(shape.begin(), shape.end());
-  for (size_t k = 0; k < N; ++k) {
-    const Tensor& t = operands[k];
-    const auto item = static_cast<int64_t>((t.dtype().bits + 7u) / 8u);
-    if (static_cast<size_t>(t.ndim()) > ndim) throw Error("operand has more dimensions than the iteration shape");
-    const size_t lead = ndim - static_cast<size_t>(t.ndim());
-    for (size_t d = 0; d < ndim; ++d) {
-      if (d < lead) {
-        strides[d][k] = 0;
-        continue;
-      }
-      const int64_t size = t.size(static_cast<int64_t>(d - lead));
-      if (size != sizes[d] && size != 1)
-        throw Error("operand " + std::to_string(k) + " of size " + std::to_string(size) + " in dimension " +
-                    std::to_string(d) + " does not broadcast to " + std::to_string(sizes[d]));
-      strides[d][k] = size == 1 ? 0 : t.stride(static_cast<int64_t>(d - lead)) * item;
-    }
-  }
-  // Coalesce: merge dimension d into d+1 (inner) when every operand steps
-  // over d+1 exactly once per step of d.
-  std::vector<int64_t> csizes;
-  std::vector<std::array<int64_t, N>> cstrides;
-  for (size_t d = 0; d < ndim; ++d) {
-    if (sizes[d] == 1) continue;
-    if (!csizes.empty()) {
-      bool mergeable = true;
-      for (size_t k = 0; k < N; ++k) mergeable = mergeable && cstrides.back()[k] == strides[d][k] * sizes[d];
-      if (mergeable) {
-        csizes.back() *= sizes[d];
-        cstrides.back() = strides[d];
-        continue;
-      }
-    }
-    csizes.push_back(sizes[d]);
-    cstrides.push_back(strides[d]);
-  }
-  if (csizes.empty()) {  // every dimension has size 1
-    csizes.push_back(1);
-    cstrides.push_back({});
-  }
-  const size_t inner = csizes.size() - 1;
-  std::array<char*, N> base;
-  for (size_t k = 0; k < N; ++k) base[k] = static_cast<char*>(operands[k].data_ptr());
-  std::vector<int64_t> index(inner, 0);
-  const int64_t runs = numel / csizes[inner];
-  for (int64_t r = 0; r < runs; ++r) {
-    std::array<char*, N> ptrs = base;
-    for (size_t d = 0; d < inner; ++d)
-      for (size_t k = 0; k < N; ++k) ptrs[k] += index[d] * cstrides[d][k];
-    body(ptrs, csizes[inner], cstrides[inner]);
-    for (size_t d = inner; d-- > 0;) {  // odometer over the outer dimensions
-      if (++index[d] < csizes[d]) break;
-      index[d] = 0;
-    }
+void for_each_run(ArrayView<int64_t> shape, const std::array<Tensor, N>& operands, Body&& body,
+                  int64_t max_run = 0) {
+  static_assert(N >= 1 && N <= MAXDEV_ITER_MAX_OPERANDS, "for_each_run takes 1 to MAXDEV_ITER_MAX_OPERANDS operands");
+  std::array<const maxdev_tensor*, N> raw;
+  for (size_t k = 0; k < N; ++k) raw[k] = operands[k].raw();
+  maxdev_iter it;
+  char error[MAXDEV_ERROR_SIZE] = "";
+  detail::check_sdk_status(maxdev_iter_init(&it, static_cast<int32_t>(shape.size()), shape.data(),
+                                            static_cast<int32_t>(N), raw.data(), error),
+                           error);
+  it.max_span = max_run;
+  maxdev_span span;
+  std::array<char*, N> ptrs;
+  std::array<int64_t, N> steps;
+  while (maxdev_iter_next(&it, &span)) {
+    std::copy(span.ptr, span.ptr + N, ptrs.begin());
+    std::copy(span.step, span.step + N, steps.begin());
+    body(ptrs, span.n, steps);
   }
 }
-
 
 template <typename T, typename F, size_t N, size_t... I>
 void elementwise_run_contiguous(T* out, int64_t n, F& f, const std::array<char*, N>& p, std::index_sequence<I...>) {
