@@ -20,6 +20,7 @@ from . import _exit
 from ._after_import import call_after_import as _call_after_import
 from ._device import register_device as _register_device
 from ._sharing import install as _install_sharing
+from .distributed import register_backend as _register_distributed
 from ._logging import log_level, set_log_level
 from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
                      PluginBusyError, PluginError, PluginNotFoundError, PluginStateError, SchemaError,
@@ -39,6 +40,7 @@ ABI_VERSION = _C.ABI_VERSION
 _register_device(DEVICE_NAME)
 _exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
 _install_sharing()
+_register_distributed()
 
 
 def _register_compile():
