@@ -6,6 +6,10 @@ is Gloo) all work for them. Gloo reads and writes the device memory in place (a
 loader kernel hands it CPU aliases of the same bytes, loader/dispatch/collectives.cpp).
 """
 
+import math
+from typing import Optional, Tuple
+
+import torch
 import torch.distributed as dist
 
 _DEVICE_TYPE = "max_device"
@@ -20,3 +24,12 @@ def register_backend() -> None:
     if _DEVICE_TYPE not in gloo_devices:
         gloo_devices.append(_DEVICE_TYPE)
     Backend.default_device_backend_map.setdefault(_DEVICE_TYPE, Backend.GLOO)
+
+
+def init_device_mesh(mesh_shape: Tuple[int, ...], *, mesh_dim_names: Optional[Tuple[str, ...]] = None):
+    """torch.distributed.device_mesh.init_device_mesh for max_device: a
+    DeviceMesh over the default process group's ranks (row-major).
+    PyTorch's own refuses device types that are not all letters."""
+    from torch.distributed.device_mesh import DeviceMesh
+    ranks = torch.arange(math.prod(mesh_shape), dtype=torch.int).view(tuple(mesh_shape))
+    return DeviceMesh(_DEVICE_TYPE, ranks, mesh_dim_names=mesh_dim_names)
