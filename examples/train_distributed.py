@@ -13,7 +13,7 @@ is the mean of the ranks' losses, which is the combined batch's loss.
 import argparse
 import os
 import sys
-from typing import List
+from typing import List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -57,9 +57,9 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch
 
 
 def train(mode: str, steps: int, batch_size: int, seed: int = 0,
-          config: gpt.GPTConfig = gpt.GPTConfig()) -> List[float]:
+          config: gpt.GPTConfig = gpt.GPTConfig()) -> Tuple[List[float], torch.nn.Module]:
     """Train on the initialised process group; returns the combined batch's
-    loss of each step (the same on every rank)."""
+    loss of each step (the same on every rank) and the wrapped model."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device(int(os.environ.get("LOCAL_RANK", rank)))
     torch.max_device.set_device(device)
@@ -71,7 +71,7 @@ def train(mode: str, steps: int, batch_size: int, seed: int = 0,
         loss = step(model, optimizer, tokens[rows].to(device), targets[rows].to(device))
         dist.all_reduce(loss)
         losses.append(loss.item() / world)
-    return losses
+    return losses, model
 
 
 def main() -> None:
@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")  # Gloo serves CPU and max_device tensors
     try:
-        losses = train(args.mode, args.steps, args.batch_size)
+        losses, _ = train(args.mode, args.steps, args.batch_size)
         if dist.get_rank() == 0:
             for step, loss in enumerate(losses):
                 print(f"step {step:3d}  loss {loss:.6f}")

@@ -22,9 +22,9 @@ from ._device import register_device as _register_device
 from ._sharing import install as _install_sharing
 from .distributed import register_backend as _register_distributed
 from ._logging import log_level, set_log_level
-from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
-                     PluginBusyError, PluginError, PluginNotFoundError, PluginStateError, SchemaError,
-                     SnapshotError, UntrustedPluginError)
+from .errors import (AbiMismatchError, BadImageError, DistributedReloadError, HashMismatchError,
+                     InconsistentPluginsError, KernelError, ManifestError, PluginBusyError, PluginError,
+                     PluginNotFoundError, PluginStateError, SchemaError, SnapshotError, UntrustedPluginError)
 from .discovery import InstalledPlugin, available_plugins
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
@@ -63,9 +63,9 @@ __all__ = [
     # the development loop
     "Watch", "watch",
     # errors
-    "AbiMismatchError", "BadImageError", "HashMismatchError", "KernelError", "ManifestError", "PluginBusyError",
-    "PluginError", "PluginNotFoundError", "PluginStateError", "SchemaError", "SnapshotError",
-    "UntrustedPluginError", "ValidationError",
+    "AbiMismatchError", "BadImageError", "DistributedReloadError", "HashMismatchError", "InconsistentPluginsError",
+    "KernelError", "ManifestError", "PluginBusyError", "PluginError", "PluginNotFoundError", "PluginStateError",
+    "SchemaError", "SnapshotError", "UntrustedPluginError", "ValidationError",
     # fallback and logs
     "fallback_counts", "fallback_policy", "reset_fallback_counts", "set_fallback_policy",
     "log_level", "set_log_level",
