@@ -228,17 +228,21 @@ def scenario_training(rank, world, arguments):
     """The collectives under each way to name the backend, then DDP and
     FSDP2 training."""
     import torch.distributed as dist
-    result = {"device": str(torch.device(DEVICE, torch.max_device.current_device()))}
+    result = {"device": str(torch.device(DEVICE, torch.max_device.current_device())), "seconds": {}}
     for style in arguments["styles"]:
+        started = time.monotonic()
         init_group(arguments, style)
         result[style] = collective_checks(rank, world)
         dist.destroy_process_group()
+        result["seconds"][style] = time.monotonic() - started
     init_group(arguments)
     for mode in ("ddp", "fsdp"):
+        started = time.monotonic()
         try:
             result[mode] = train_checks(world, mode)
         except Exception:  # noqa: BLE001
             result[mode] = {"error": traceback.format_exc()}
+        result["seconds"][mode] = time.monotonic() - started
     dist.destroy_process_group()
     return result
 
@@ -345,33 +349,27 @@ def start_ranks(world, scenario, arguments, results):
             for r in range(world)]
 
 
-def run_ranks(world, scenario, arguments, results, expect_exit=None):
+def run_ranks(world, scenario, arguments, results, lost=None):
     """Run `scenario` on `world` ranks; returns each rank's result (None
-    for a rank that wrote none). Ranks still running once every other rank
-    finished are killed when `expect_exit` allows it (a hung rank); a run
-    past RUN_DEADLINE_S fails the test."""
+    for a rank that wrote none). Rank `lost` must end by SIGKILL: by its own
+    hand, or ours once the others finished (a rank that hangs). A run past
+    RUN_DEADLINE_S fails the test."""
     results.mkdir(exist_ok=True)
     ranks = start_ranks(world, scenario, arguments, results)
     deadline = time.monotonic() + RUN_DEADLINE_S
     outputs = {}
     try:
         for r, process in enumerate(ranks):
-            try:
+            if r != lost:
                 outputs[r] = process.communicate(timeout=max(1, deadline - time.monotonic()))[0]
-            except subprocess.TimeoutExpired:
-                if expect_exit is None or r not in expect_exit:
-                    raise
-                process.kill()
-                outputs[r] = process.communicate()[0]
     finally:
         for process in ranks:
             if process.poll() is None:
                 process.kill()
-                process.wait()
     for r, process in enumerate(ranks):
-        expected = (expect_exit or {}).get(r, 0)
-        assert process.returncode == expected or expected is None, \
-            f"rank {r} exited with {process.returncode}:\n{outputs.get(r, '')[-4000:]}"
+        outputs.setdefault(r, process.communicate()[0])
+        expected = -signal.SIGKILL if r == lost else 0
+        assert process.returncode == expected, f"rank {r} exited with {process.returncode}:\n{outputs[r][-4000:]}"
     found = []
     for r in range(world):
         path = results / f"rank{r}.json"
@@ -461,9 +459,7 @@ def test_plugins_are_checked_and_reloaded_on_every_rank_or_none(tmp_path):
 def test_a_lost_rank_is_reported_by_the_others(tmp_path, how):
     world = 2
     lost = world - 1
-    exit_code = -signal.SIGKILL
-    per_rank = run_ranks(world, "lost_rank", {"files": built_files(), "how": how}, tmp_path / "results",
-                         expect_exit={lost: exit_code})
+    per_rank = run_ranks(world, "lost_rank", {"files": built_files(), "how": how}, tmp_path / "results", lost=lost)
     assert per_rank[lost] is None
     for result in per_rank[:lost]:
         assert result["all_reduce"] != "returned"
