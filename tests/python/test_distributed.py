@@ -40,9 +40,11 @@ DEVICE = "max_device"
 TRAIN_STEPS = 6
 BATCH_PER_RANK = 2
 LOSS_ATOL = 1e-5
-# The process group's timeout in the failure scenarios: how long a rank
-# waits for one that died or hangs.
+# Process group timeouts: how long a rank waits for the others. Long for
+# starting up; short in the failure scenarios, for a rank that died or hangs.
+GROUP_TIMEOUT_S = 120
 SHORT_TIMEOUT_S = 4
+LOST_RANKS = {"dies": 1, "hangs": 2}
 # Bound on one multi-process run: a run that takes longer hung.
 RUN_DEADLINE_S = 150
 INIT_STYLES = ("gloo", "cpu:gloo,max_device:gloo", "default")
@@ -65,11 +67,11 @@ def rank_main():
 _groups_made = iter(range(1 << 30))
 
 
-def init_group(arguments, style="gloo", timeout_s=60):
+def init_group(arguments, style="gloo"):
     import torch.distributed as dist
     store = os.path.join(arguments["results"], f"store{next(_groups_made)}")  # a fresh one each time
     kwargs = dict(init_method="file://" + store, rank=int(os.environ["RANK"]),
-                  world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=timeout_s))
+                  world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     if style == "default":
         dist.init_process_group(**kwargs)  # max_device's default backend
     else:
@@ -225,8 +227,8 @@ def train_checks(world, mode):
 
 
 def scenario_training(rank, world, arguments):
-    """The collectives under each way to name the backend, then DDP and
-    FSDP2 training."""
+    """The collectives under each way to name the backend, DDP and FSDP2
+    training, then (if given plugin files) the plugin checks."""
     import torch.distributed as dist
     result = {"device": str(torch.device(DEVICE, torch.max_device.current_device())), "seconds": {}}
     for style in arguments["styles"]:
@@ -243,17 +245,18 @@ def scenario_training(rank, world, arguments):
         except Exception:  # noqa: BLE001
             result[mode] = {"error": traceback.format_exc()}
         result["seconds"][mode] = time.monotonic() - started
+    if "files" in arguments:
+        started = time.monotonic()
+        result["plugins"] = plugin_checks(rank, arguments["files"])
+        result["seconds"]["plugins"] = time.monotonic() - started
     dist.destroy_process_group()
     return result
 
 
-def scenario_plugins(rank, world, arguments):
+def plugin_checks(rank, files):
     """check_consistent and reload_all: a consistent set, a rank with an
     extra plugin, a reload everywhere, and one that a rank refuses."""
-    import torch.distributed as dist
     import max_device.distributed as md
-    files = arguments["files"]
-    init_group(arguments)
     checks = {}
 
     def consistent():
@@ -284,13 +287,14 @@ def scenario_plugins(rank, world, arguments):
     def refused_everywhere():
         plugin = max_device.load_plugin(files["good"], name="kernels")
         before = (plugin.generation, plugin.sha256)
-        # Rank 1's build is wrong: its validation refuses it.
-        path = files["wrong_kernel"] if rank == 1 else files["good_copy"]
+        # Rank 1's new build crashes as it loads: its pre-flight (a fork
+        # that opens the build first) refuses it.
+        path = files["abort_in_constructor"] if rank == 1 else files["good_copy"]
         try:
-            md.reload_all("kernels", path, validate=True)
+            md.reload_all("kernels", path, preflight=True)
         except max_device.DistributedReloadError as e:
             assert list(e.refusals) == [1] and "ValidationError" in e.refusals[1], e.refusals
-            assert "rank 1 refused" in str(e) and "aten::neg.out" in str(e), str(e)
+            assert "rank 1 refused" in str(e) and "SIGABRT" in str(e), str(e)
         else:
             raise AssertionError("reload_all published although rank 1 refused")
         assert (plugin.generation, plugin.sha256) == before, "a rank published"
@@ -300,38 +304,45 @@ def scenario_plugins(rank, world, arguments):
     for name, fn in [("consistent", consistent), ("extra plugin named", extra_plugin_named),
                      ("reload everywhere", reload_everywhere), ("refused everywhere", refused_everywhere)]:
         record(checks, name, fn)
-    dist.destroy_process_group()
     return checks
 
 
-def scenario_lost_rank(rank, world, arguments):
-    """The last rank dies (SIGKILL) or hangs after a first collective; the
-    others report it in a collective and in reload_all."""
+def scenario_lost_ranks(rank, world, arguments):
+    """Rank 1 dies (SIGKILL) and rank 2 hangs, each after a first collective
+    with rank 0 in a group of two; rank 0 reports each in a collective on
+    that group, and both in reload_all."""
     import torch.distributed as dist
     import max_device.distributed as md
-    init_group(arguments, timeout_s=SHORT_TIMEOUT_S)
+    init_group(arguments)
+    # The short timeout only once every rank is up (a loaded machine starts
+    # processes seconds apart).
+    short = timedelta(seconds=SHORT_TIMEOUT_S)
+    pairs = {"dies": dist.new_group([0, 1], timeout=short), "hangs": dist.new_group([0, 2], timeout=short)}
     max_device.load_plugin(arguments["files"]["reference"])
     t = torch.ones(1 << 10, device=DEVICE)
-    dist.all_reduce(t)
-    if rank == world - 1:
-        if arguments["how"] == "dies":
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(10 * RUN_DEADLINE_S)  # hangs until the test kills it
+    for how, group in pairs.items():
+        if rank in (0, LOST_RANKS[how]):
+            dist.all_reduce(t, group=group)
+    if rank == LOST_RANKS["dies"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == LOST_RANKS["hangs"]:
+        time.sleep(10 * RUN_DEADLINE_S)  # until the test kills it
     result = {}
-    started = time.monotonic()
+    for how, group in pairs.items():
+        started = time.monotonic()
+        try:
+            dist.all_reduce(t, group=group)
+            result[how] = "returned"
+        except Exception as e:  # noqa: BLE001
+            result[how] = f"{type(e).__name__}: {e}"
+        result[how + " seconds"] = time.monotonic() - started
     try:
-        dist.all_reduce(t)
-        result["all_reduce"] = "returned"
-    except Exception as e:  # noqa: BLE001
-        result["all_reduce"] = f"{type(e).__name__}: {e}"
-    result["all_reduce seconds"] = time.monotonic() - started
-    try:
-        md.reload_all("reference", arguments["files"]["reference_v2"])
+        md.reload_all("reference", arguments["files"]["reference_v2"], timeout=short)
         result["reload_all"] = "returned"
     except max_device.DistributedReloadError as e:
-        result["reload_all"] = {"refusals": {str(r): reason for r, reason in e.refusals.items()}}
+        result["reload_all"] = {str(r): reason for r, reason in e.refusals.items()}
     result["version"] = max_device.get_plugin("reference").version
-    # No destroy_process_group: it would wait for the lost rank.
+    # No destroy_process_group: it would wait for the lost ranks.
     return result
 
 
@@ -349,18 +360,18 @@ def start_ranks(world, scenario, arguments, results):
             for r in range(world)]
 
 
-def run_ranks(world, scenario, arguments, results, lost=None):
+def run_ranks(world, scenario, arguments, results, lost=()):
     """Run `scenario` on `world` ranks; returns each rank's result (None
-    for a rank that wrote none). Rank `lost` must end by SIGKILL: by its own
-    hand, or ours once the others finished (a rank that hangs). A run past
-    RUN_DEADLINE_S fails the test."""
+    for a rank that wrote none). The ranks in `lost` must end by SIGKILL:
+    by their own hand, or ours once the others finished (a rank that
+    hangs). A run past RUN_DEADLINE_S fails the test."""
     results.mkdir(exist_ok=True)
     ranks = start_ranks(world, scenario, arguments, results)
     deadline = time.monotonic() + RUN_DEADLINE_S
     outputs = {}
     try:
         for r, process in enumerate(ranks):
-            if r != lost:
+            if r not in lost:
                 outputs[r] = process.communicate(timeout=max(1, deadline - time.monotonic()))[0]
     finally:
         for process in ranks:
@@ -368,7 +379,7 @@ def run_ranks(world, scenario, arguments, results, lost=None):
                 process.kill()
     for r, process in enumerate(ranks):
         outputs.setdefault(r, process.communicate()[0])
-        expected = -signal.SIGKILL if r == lost else 0
+        expected = -signal.SIGKILL if r in lost else 0
         assert process.returncode == expected, f"rank {r} exited with {process.returncode}:\n{outputs[r][-4000:]}"
     found = []
     for r in range(world):
@@ -391,16 +402,26 @@ def built_files():
     return {"reference": os.path.join(paths["plugins"], "libreference.so"),
             "reference_v2": os.path.join(paths["plugins"], "libreference_v2.so"),
             **{name: os.path.join(paths["fixtures"], f"{name}.so")
-               for name in ("good", "good_copy", "wrong_kernel")}}
+               for name in ("good", "good_copy", "abort_in_constructor")}}
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
-def training_run(request, tmp_path_factory):
-    world = request.param
-    # All three ways to name the backend on 2 ranks; Gloo by name on 4.
-    styles = INIT_STYLES if world == 2 else ("gloo",)
-    results = tmp_path_factory.mktemp(f"training{world}")
-    return world, styles, run_ranks(world, "training", {"styles": styles}, results)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """All three ways to name the backend, training, the plugin checks."""
+    arguments = {"styles": INIT_STYLES, "files": built_files()}
+    return 2, INIT_STYLES, run_ranks(2, "training", arguments, tmp_path_factory.mktemp("two_ranks"))
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    """Gloo by name, training."""
+    styles = ("gloo",)
+    return 4, styles, run_ranks(4, "training", {"styles": styles}, tmp_path_factory.mktemp("four_ranks"))
+
+
+@pytest.fixture(params=["two_ranks", "four_ranks"])
+def training_run(request):
+    return request.getfixturevalue(request.param)
 
 
 def test_every_collective_runs_on_max_device_tensors(training_run):
@@ -450,20 +471,20 @@ def test_torchrun_trains_with_ddp(tmp_path):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=0, atol=LOSS_ATOL)
 
 
-def test_plugins_are_checked_and_reloaded_on_every_rank_or_none(tmp_path):
-    per_rank = run_ranks(2, "plugins", {"files": built_files()}, tmp_path / "results")
-    assert_checks_pass(per_rank)
+def test_plugins_are_checked_and_reloaded_on_every_rank_or_none(two_ranks):
+    assert_checks_pass(two_ranks[2], "plugins")
 
 
-@pytest.mark.parametrize("how", ["dies", "hangs"])
-def test_a_lost_rank_is_reported_by_the_others(tmp_path, how):
-    world = 2
-    lost = world - 1
-    per_rank = run_ranks(world, "lost_rank", {"files": built_files(), "how": how}, tmp_path / "results", lost=lost)
-    assert per_rank[lost] is None
-    for result in per_rank[:lost]:
-        assert result["all_reduce"] != "returned"
-        assert result["all_reduce"].startswith(("DistBackendError", "RuntimeError")), result["all_reduce"]
-        assert result["reload_all"] == {"refusals": {str(lost): result["reload_all"]["refusals"][str(lost)]}}
-        assert "did not answer" in result["reload_all"]["refusals"][str(lost)]
-        assert result["version"] == "1.0.0"
+def test_a_lost_rank_is_reported_by_the_others(tmp_path):
+    world = 3
+    survivor, = run_ranks(world, "lost_ranks", {"files": built_files()}, tmp_path / "results",
+                          lost=set(LOST_RANKS.values()))[:1]
+    for how, lost in LOST_RANKS.items():
+        # Gloo's own error: "Connection closed/reset by peer" at once for a
+        # rank that died, "Timed out waiting" after the group's timeout for
+        # one that hangs.
+        assert survivor[how].startswith(("DistBackendError", "RuntimeError")), survivor[how]
+        assert ("by peer" if how == "dies" else "Timed out") in survivor[how], survivor[how]
+        assert "did not answer" in survivor["reload_all"][str(lost)], survivor["reload_all"]
+    assert sorted(survivor["reload_all"]) == ["1", "2"]
+    assert survivor["version"] == "1.0.0"
