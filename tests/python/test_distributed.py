@@ -7,8 +7,11 @@ Each run starts real processes, one per rank (this file's `rank_main`, with
 RANK/WORLD_SIZE as torchrun sets them; a file store, Gloo on loopback), and
 one test starts examples/train_distributed.py under `torchrun --standalone`.
 A rank runs a scenario and writes what it saw to a JSON file; the tests
-check those files. A module fixture runs each scenario once and several
-tests read its results, to keep process starts few (each imports torch).
+check those files. Three runs, to keep process starts few (each imports
+torch): 2 ranks (the collectives under the three ways to name the backend,
+DDP, FSDP2, the plugin checks) and 4 ranks (the collectives, DDP, FSDP2),
+each a module fixture read by several tests, and 3 ranks (one dies, one
+hangs).
 
 Tolerances: a data-parallel step computes the combined batch's mean loss and
 gradient as a sum of per-rank parts, in another order than one process
