@@ -194,6 +194,11 @@ def collective_checks(rank, world):
         expect(t, value(0))
         dist.barrier(async_op=True).wait()
 
+    def functional():  # torch.compile's collectives (and DTensor's)
+        import torch.distributed._functional_collectives as funcol
+        expect(funcol.all_reduce(value(rank).to(device), "sum", dist.group.WORLD), sum(every()))
+        expect(funcol.all_gather_tensor(value(rank).to(device), 0, dist.group.WORLD), torch.cat(every()))
+
     def under_inference_mode():
         with torch.inference_mode():
             t = value(rank).to(device)
@@ -215,7 +220,8 @@ def collective_checks(rank, world):
 
     for name, fn in [("all_reduce every op", all_reduce_ops), ("zero copy", zero_copy), ("broadcast", broadcast),
                      ("all_gather", all_gather), ("reduce_scatter", reduce_scatter), ("all_to_all", all_to_all),
-                     ("send/recv", send_recv), ("async", async_forms), ("inference mode", under_inference_mode),
+                     ("send/recv", send_recv), ("async", async_forms), ("functional", functional),
+                     ("inference mode", under_inference_mode),
                      ("barrier", dist.barrier), ("mixed devices refused", mixed_devices_refused)]:
         record(checks, name, fn)
     return checks
