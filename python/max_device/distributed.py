@@ -97,29 +97,41 @@ def check_consistent(group=None) -> PluginSet:
 
 
 class _Vote:
-    """Each rank's verdict on one reload_all, through the process group's
-    store (no tensor: the vote runs while the new version is staged on this
-    thread, and max_device ops would run its kernels)."""
+    """Each rank's verdict on one reload_all, and the decision, through the
+    process group's store (no tensor: the vote runs while the new version
+    is staged on this thread, and max_device ops would run its kernels).
+
+    Every rank proposes a decision from the votes it saw: publish if all
+    accepted, else refuse (a refusal, or a rank that did not vote in time).
+    The first proposal stored wins (compare-and-set) and every rank follows
+    it, so a rank that gave up waiting and a late rank that saw every vote
+    cannot decide differently."""
 
     def __init__(self, store, rank: int, world: int, timeout: Optional[timedelta]):
-        call = next(_reload_calls)
+        prefix = f"max_device/reload_all/{next(_reload_calls)}/"
         self._store = store
         self._rank = rank
-        self._keys = [f"max_device/reload_all/{call}/{r}" for r in range(world)]
+        self._keys = [f"{prefix}{r}" for r in range(world)]
+        self._decision = prefix + "decision"
         self._timeout = timeout or store.timeout
         self.cast = False
 
     def __call__(self, refusal: Optional[str]) -> Dict[int, str]:
-        """Cast this rank's vote (None: accept), wait for every rank's;
-        returns the refusals by rank (empty: all accepted)."""
+        """Cast this rank's vote (None: accept); returns the decision's
+        refusals by rank (empty: publish)."""
         self._store.set(self._keys[self._rank], json.dumps(refusal))
         self.cast = True
         try:
             self._store.wait(self._keys, self._timeout)
-            verdicts = {r: json.loads(self._store.get(key)) for r, key in enumerate(self._keys)}
+            votes = {r: json.loads(self._store.get(key)) for r, key in enumerate(self._keys)}
+            proposal = {r: reason for r, reason in votes.items() if reason is not None}
         except RuntimeError as e:  # DistStoreError (timeout), DistNetworkError (the store's host died)
-            return self._silent(e)
-        return {r: reason for r, reason in verdicts.items() if reason is not None}
+            proposal = self._silent(e)
+        try:
+            decided = self._store.compare_set(self._decision, "", json.dumps(proposal))
+        except RuntimeError as e:  # the store is gone: nobody can decide to publish
+            return proposal or self._silent(e)
+        return {int(r): reason for r, reason in json.loads(decided).items()}
 
     def _silent(self, error: RuntimeError) -> Dict[int, str]:
         """The ranks whose vote is missing, as refusals."""
