@@ -32,7 +32,7 @@ def rank_device(local_rank: int) -> torch.device:
     return torch.device(DEVICE_TYPE, local_rank % torch.max_device.device_count())
 
 
-def wrap(model: gpt.GPT, mode: str, device: torch.device) -> torch.nn.Module:
+def wrap(model: gpt.GPT, mode: str) -> torch.nn.Module:
     if mode == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
     if mode == "fsdp":
@@ -63,7 +63,7 @@ def train(mode: str, steps: int, batch_size: int, seed: int = 0,
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device(int(os.environ.get("LOCAL_RANK", rank)))
     torch.max_device.set_device(device)
-    model = wrap(gpt.make_model(config, seed, str(device)), mode, device)
+    model = wrap(gpt.make_model(config, seed, str(device)), mode)
     optimizer = gpt.make_optimizer(model)
     losses = []
     for tokens, targets in gpt.batches(config, batch_size * world, steps, seed):

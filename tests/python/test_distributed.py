@@ -31,8 +31,10 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import max_device
+import max_device.distributed as md
 from conftest import PYTHON_DIR, REPO_ROOT, build_paths
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -71,7 +73,6 @@ _groups_made = iter(range(1 << 30))
 
 
 def init_group(arguments, style="gloo"):
-    import torch.distributed as dist
     store = os.path.join(arguments["results"], f"store{next(_groups_made)}")  # a fresh one each time
     kwargs = dict(init_method="file://" + store, rank=int(os.environ["RANK"]),
                   world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=GROUP_TIMEOUT_S))
@@ -92,7 +93,6 @@ def record(checks, name, fn):
 def collective_checks(rank, world):
     """Every collective on max_device tensors, checked against what each
     rank can compute itself."""
-    import torch.distributed as dist
     from torch.distributed import ReduceOp
     device = torch.device(DEVICE, torch.max_device.current_device())
     checks = {}
@@ -227,7 +227,7 @@ def collective_checks(rank, world):
     return checks
 
 
-def train_checks(world, mode):
+def train_checks(mode):
     import train_distributed
     losses, model = train_distributed.train(mode, TRAIN_STEPS, BATCH_PER_RANK)
     # FSDP2's parameters are DTensors: their shard is the rank's.
@@ -238,7 +238,6 @@ def train_checks(world, mode):
 def scenario_training(rank, world, arguments):
     """The collectives under each way to name the backend, DDP and FSDP2
     training, then (if given plugin files) the plugin checks."""
-    import torch.distributed as dist
     result = {"device": str(torch.device(DEVICE, torch.max_device.current_device())), "seconds": {}}
     for style in arguments["styles"]:
         started = time.monotonic()
@@ -250,7 +249,7 @@ def scenario_training(rank, world, arguments):
     for mode in ("ddp", "fsdp"):
         started = time.monotonic()
         try:
-            result[mode] = train_checks(world, mode)
+            result[mode] = train_checks(mode)
         except Exception:  # noqa: BLE001
             result[mode] = {"error": traceback.format_exc()}
         result["seconds"][mode] = time.monotonic() - started
@@ -265,7 +264,6 @@ def scenario_training(rank, world, arguments):
 def plugin_checks(rank, files):
     """check_consistent and reload_all: a consistent set, a rank with an
     extra plugin, a reload everywhere, and one that a rank refuses."""
-    import max_device.distributed as md
     checks = {}
 
     def consistent():
@@ -320,8 +318,6 @@ def scenario_lost_ranks(rank, world, arguments):
     """Rank 1 dies (SIGKILL) and rank 2 hangs, each after a first collective
     with rank 0 in a group of two; rank 0 reports each in a collective on
     that group, and both in reload_all."""
-    import torch.distributed as dist
-    import max_device.distributed as md
     init_group(arguments)
     # The short timeout only once every rank is up (a loaded machine starts
     # processes seconds apart).
