@@ -20,10 +20,11 @@ from . import _exit
 from ._after_import import call_after_import as _call_after_import
 from ._device import register_device as _register_device
 from ._sharing import install as _install_sharing
+from .distributed import register_backend as _register_distributed
 from ._logging import log_level, set_log_level
-from .errors import (AbiMismatchError, BadImageError, HashMismatchError, KernelError, ManifestError,
-                     PluginBusyError, PluginError, PluginNotFoundError, PluginStateError, SchemaError,
-                     SnapshotError, UntrustedPluginError)
+from .errors import (AbiMismatchError, BadImageError, DistributedReloadError, HashMismatchError,
+                     InconsistentPluginsError, KernelError, ManifestError, PluginBusyError, PluginError,
+                     PluginNotFoundError, PluginStateError, SchemaError, SnapshotError, UntrustedPluginError)
 from .discovery import InstalledPlugin, available_plugins
 from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
 from .overrides import Override, override, restore
@@ -39,6 +40,7 @@ ABI_VERSION = _C.ABI_VERSION
 _register_device(DEVICE_NAME)
 _exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
 _install_sharing()
+_register_distributed()
 
 
 def _register_compile():
@@ -61,9 +63,9 @@ __all__ = [
     # the development loop
     "Watch", "watch",
     # errors
-    "AbiMismatchError", "BadImageError", "HashMismatchError", "KernelError", "ManifestError", "PluginBusyError",
-    "PluginError", "PluginNotFoundError", "PluginStateError", "SchemaError", "SnapshotError",
-    "UntrustedPluginError", "ValidationError",
+    "AbiMismatchError", "BadImageError", "DistributedReloadError", "HashMismatchError", "InconsistentPluginsError",
+    "KernelError", "ManifestError", "PluginBusyError", "PluginError", "PluginNotFoundError", "PluginStateError",
+    "SchemaError", "SnapshotError", "UntrustedPluginError", "ValidationError",
     # fallback and logs
     "fallback_counts", "fallback_policy", "reset_fallback_counts", "set_fallback_policy",
     "log_level", "set_log_level",

@@ -75,6 +75,29 @@ class SnapshotError(PluginError):
     ``MAX_DEVICE_SNAPSHOT_DIR`` chooses another."""
 
 
+class InconsistentPluginsError(PluginError):
+    """The ranks of a process group do not serve the same plugins
+    (``max_device.distributed.check_consistent``). ``differences`` maps each
+    differing plugin to ``{rank: (version, sha256) or None}`` (None: not
+    loaded there); ``ranks`` lists the ranks that differ from rank 0."""
+
+    def __init__(self, message: str, *, differences: dict, ranks: list):
+        super().__init__(message, plugin=next(iter(differences), None))
+        self.differences = differences
+        self.ranks = ranks
+
+
+class DistributedReloadError(PluginError):
+    """``max_device.distributed.reload_all`` did not publish anywhere: a
+    rank refused the new version or did not answer. ``refusals`` maps each
+    such rank to its reason; every rank keeps the version it had."""
+
+    def __init__(self, message: str, *, refusals: dict, file: Optional[str] = None,
+                 plugin: Optional[str] = None):
+        super().__init__(message, file=file, plugin=plugin)
+        self.refusals = refusals
+
+
 _BY_KIND = {
     "not_found": PluginNotFoundError,
     "bad_image": BadImageError,

@@ -344,6 +344,17 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *,
     default to what the current version was loaded with, and
     ``samples``/``references`` are as in ``load_plugin``. A file still
     being written is refused with ``PluginBusyError``."""
+    return _reload(plugin, path, force=force, sha256=sha256, allow_untrusted=allow_untrusted, validate=validate,
+                   isolate=isolate, preflight=preflight, timeout=timeout, allow_composite=allow_composite,
+                   samples=samples, references=references)
+
+
+def _reload(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *, last_check=None, force: bool = False,
+            sha256: Optional[str] = None, allow_untrusted: Optional[bool] = None, validate: bool = False,
+            isolate: bool = False, preflight: bool = False, timeout: float = 120.0,
+            allow_composite: Optional[bool] = None, samples=None, references=None) -> Plugin:
+    """reload_plugin; ``last_check(ops)``, if given, runs after every other
+    check, right before publish (its exception refuses the new version)."""
     name, load_id = _target(plugin)
     path, origin = (None, None) if path is None else _resolve(path)
     pinned = _pinned(sha256)
@@ -351,10 +362,22 @@ def reload_plugin(plugin: Union[Plugin, str], path: Optional[PathArg] = None, *,
     checks = _checks(path or current.path, name, True, validate, isolate, preflight, timeout, samples, references,
                      current.allow_composite if allow_composite is None else allow_composite) \
         if current is not None else {}
+    if last_check is not None:
+        checks["before_publish"] = _then(checks.get("before_publish"), last_check)
     info = _C._reload_plugin(name, None if path is None else os.fsencode(path), force, origin=origin,
                              sha256=pinned, allow_untrusted=allow_untrusted, allow_composite=allow_composite,
                              id=load_id, **checks)
     return Plugin(info)
+
+
+def _then(first, second):
+    if first is None:
+        return second
+
+    def both(ops):
+        first(ops)
+        second(ops)
+    return both
 
 
 def rollback_plugin(plugin: Union[Plugin, str]) -> Plugin:
