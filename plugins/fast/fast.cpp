@@ -573,17 +573,14 @@ void softmax_backward_out(Call& call) { softmax_backward_impl(call, false); }
 void log_softmax_backward_out(Call& call) { softmax_backward_impl(call, true); }
 
 // ---------------------------------------------------------------------------
-// GEMM: C[b] (+)= alpha * A[b] @ B[b] with A, B of any strides (packed into
-// panels), C float32 contiguous. Tasks are (batch, 192-row, 512-col) blocks.
+// GEMM (float32): C[b] (+)= alpha * A[b] @ B[b] with A, B of any strides
+// (packed into panels), C contiguous. Tasks are (batch, 192-row, 512-col)
+// blocks of C.
 
 struct Matrix {
-  const void* data;
-  Dt d;
+  const float* data;
   int64_t sb, sr, sc;  // batch, row, column strides in elements
-  float at(int64_t b, int64_t r, int64_t c) const {
-    const int64_t i = b * sb + r * sr + c * sc;
-    return d == Dt::f32 ? static_cast<const float*>(data)[i] : bf16_value(static_cast<const uint16_t*>(data)[i]);
-  }
+  float at(int64_t b, int64_t r, int64_t c) const { return data[b * sb + r * sr + c * sc]; }
 };
 
 constexpr int64_t kGemmMC = 16 * fast::kGemmMR;
@@ -595,9 +592,8 @@ void pack_b(const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int6
     float* panel = out + j0 * kc;
     for (int64_t p = 0; p < kc; ++p) {
       float* dst = panel + p * fast::kGemmNR;
-      if (B.d == Dt::f32 && B.sc == 1) {
-        std::memcpy(dst, static_cast<const float*>(B.data) + b * B.sb + (k0 + p) * B.sr + n0 + j0,
-                    static_cast<size_t>(nr) * 4);
+      if (B.sc == 1) {
+        std::memcpy(dst, B.data + b * B.sb + (k0 + p) * B.sr + n0 + j0, static_cast<size_t>(nr) * 4);
       } else {
         for (int64_t j = 0; j < nr; ++j) dst[j] = B.at(b, k0 + p, n0 + j0 + j);
       }
@@ -610,11 +606,9 @@ void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mr, int64_t k0, int6
   for (int64_t r = 0; r < fast::kGemmMR; ++r) {
     if (r >= mr) {
       for (int64_t p = 0; p < kc; ++p) out[p * fast::kGemmMR + r] = 0.f;
-    } else if (A.d == Dt::f32) {
-      const float* src = static_cast<const float*>(A.data) + b * A.sb + (m0 + r) * A.sr + k0 * A.sc;
-      for (int64_t p = 0; p < kc; ++p) out[p * fast::kGemmMR + r] = src[p * A.sc];
     } else {
-      for (int64_t p = 0; p < kc; ++p) out[p * fast::kGemmMR + r] = A.at(b, m0 + r, k0 + p);
+      const float* src = A.data + b * A.sb + (m0 + r) * A.sr + k0 * A.sc;
+      for (int64_t p = 0; p < kc; ++p) out[p * fast::kGemmMR + r] = src[p * A.sc];
     }
   }
 }
@@ -650,55 +644,40 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
   });
 }
 
-Matrix matrix(const Tensor& t, Dt d) {
-  if (t.ndim() == 2) return {t.data_ptr(), d, 0, t.stride(0), t.stride(1)};
-  return {t.data_ptr(), d, t.stride(0), t.stride(1), t.stride(2)};
+Matrix matrix(const Tensor& t) {
+  const float* data = static_cast<const float*>(t.data_ptr());
+  if (t.ndim() == 2) return {data, 0, t.stride(0), t.stride(1)};
+  return {data, t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// Runs the GEMM into out (float32 directly; bfloat16 through a float32 copy).
-// `init`, if set, fills the float32 result first (addmm's beta * self).
-template <typename Init>
-void gemm_into(const Call& call, const Tensor& out, Dt d, int64_t batch, int64_t M, int64_t N,
-               int64_t Kd, const Matrix& A, const Matrix& B, float alpha, Init init) {
-  const bool add = init(nullptr);
-  if (d == Dt::f32) {
-    float* c = static_cast<float*>(out.data_ptr());
-    if (add) init(c);
-    gemm(call, batch, M, N, Kd, A, B, c, alpha, add);
-    return;
-  }
-  std::vector<float> c(static_cast<size_t>(batch * M * N));
-  if (add) init(c.data());
-  gemm(call, batch, M, N, Kd, A, B, c.data(), alpha, add);
-  const fast::Kernels& k = K(call);
-  call.parallel_for(0, batch * M * N, kGrain, [&](int64_t b, int64_t e) {
-    k.f32_to_bf16(c.data() + b, static_cast<uint16_t*>(out.data_ptr()) + b, e - b);
-  });
-}
+float* f32_data(const Tensor& t) { return static_cast<float*>(t.data_ptr()); }
 
 bool gemm_operand(const Tensor& t, Dt d, int64_t ndim) { return !t.is_cpu() && is(t, d) && t.ndim() == ndim; }
+
+// bfloat16 GEMMs are left to the CPU: its oneDNN kernels use the AMX/VNNI
+// bfloat16 units (measured 13x faster than this float32 GEMM at 1024^3).
+bool gemm_dtype(const Tensor& t, Dt* d) { return dtype_of(t, d) && *d == Dt::f32; }
 
 void mm_out(Call& call) {
   const Tensor a = call.tensor(0), b = call.tensor(1);
   Dt d;
-  if (!dtype_of(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0))
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0))
     throw Declined{};
   const Tensor out = writable_output(call, 0, {a.size(0), b.size(1)}, d, {a, b});
   if (out.numel() == 0) return;
-  gemm_into(call, out, d, 1, a.size(0), b.size(1), a.size(1), matrix(a, d), matrix(b, d), 1.f,
-            [](float*) { return false; });
+  gemm(call, 1, a.size(0), b.size(1), a.size(1), matrix(a), matrix(b), f32_data(out), 1.f, false);
 }
 
 void bmm_out(Call& call) {
   const Tensor a = call.tensor(0), b = call.tensor(1);
   Dt d;
-  if (!dtype_of(a, &d) || !gemm_operand(a, d, 3) || !gemm_operand(b, d, 3) || a.size(0) != b.size(0) ||
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 3) || !gemm_operand(b, d, 3) || a.size(0) != b.size(0) ||
       a.size(2) != b.size(1))
     throw Declined{};
   const Tensor out = writable_output(call, 0, {a.size(0), a.size(1), b.size(2)}, d, {a, b});
   if (out.numel() == 0) return;
-  gemm_into(call, out, d, a.size(0), a.size(1), b.size(2), a.size(2), matrix(a, d), matrix(b, d),
-            1.f, [](float*) { return false; });
+  gemm(call, a.size(0), a.size(1), b.size(2), a.size(2), matrix(a), matrix(b), f32_data(out), 1.f,
+       false);
 }
 
 // addmm.out(self, mat1, mat2, *, beta, alpha, out) = beta * self + alpha * mat1 @ mat2
@@ -706,7 +685,7 @@ void addmm_out(Call& call) {
   const Tensor self = call.tensor(0), a = call.tensor(1), b = call.tensor(2);
   const float beta = static_cast<float>(call.real(3)), alpha = static_cast<float>(call.real(4));
   Dt d;
-  if (!dtype_of(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0) ||
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0) ||
       self.is_cpu() || !is(self, d) || self.ndim() > 2)
     throw Declined{};
   const int64_t M = a.size(0), N = b.size(1);
@@ -722,17 +701,17 @@ void addmm_out(Call& call) {
   }
   const Tensor out = writable_output(call, 0, {M, N}, d, {self, a, b});
   if (out.numel() == 0) return;
-  const Matrix bias{self.data_ptr(), d, 0, s_r, s_c};
-  gemm_into(call, out, d, 1, M, N, a.size(1), matrix(a, d), matrix(b, d), alpha, [&](float* c) {
-    if (beta == 0.f) return false;  // self is ignored (NaN included), as in PyTorch
-    if (c == nullptr) return true;
-    // When out is self (addmm_), the copy is the identity: read before write per element.
+  const Matrix bias{static_cast<const float*>(self.data_ptr()), 0, s_r, s_c};
+  float* c = f32_data(out);
+  const bool add = beta != 0.f;  // beta == 0: self is ignored (NaN included), as in PyTorch
+  if (add) {
+    // When out is self (addmm_), each element is read before it is written.
     call.parallel_for(0, M, std::max<int64_t>(1, kGrain / std::max<int64_t>(N, 1)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t j = 0; j < N; ++j) c[r * N + j] = beta * bias.at(0, r, j);
     });
-    return true;
-  });
+  }
+  gemm(call, 1, M, N, a.size(1), matrix(a), matrix(b), c, alpha, add);
 }
 
 }  // namespace
@@ -760,8 +739,8 @@ void addmm_out(Call& call) {
   K("aten::_log_softmax.out", "", MAXDEV_SDK_KERNEL(log_softmax_out), FLOATS, NOCPU)           \
   K("aten::_softmax_backward_data.out", "", MAXDEV_SDK_KERNEL(softmax_backward_out), FLOATS, NOCPU) \
   K("aten::_log_softmax_backward_data.out", "", MAXDEV_SDK_KERNEL(log_softmax_backward_out), FLOATS, NOCPU) \
-  K("aten::mm.out", "", MAXDEV_SDK_KERNEL(mm_out), FLOATS, NOCPU)                              \
-  K("aten::addmm.out", "", MAXDEV_SDK_KERNEL(addmm_out), FLOATS, NOCPU)                        \
-  K("aten::bmm.out", "", MAXDEV_SDK_KERNEL(bmm_out), FLOATS, NOCPU)
+  K("aten::mm.out", "", MAXDEV_SDK_KERNEL(mm_out), F32, NOCPU)                                 \
+  K("aten::addmm.out", "", MAXDEV_SDK_KERNEL(addmm_out), F32, NOCPU)                           \
+  K("aten::bmm.out", "", MAXDEV_SDK_KERNEL(bmm_out), F32, NOCPU)
 
 MAXDEV_DEFINE_PLUGIN("fast", "1.0.0", FAST_KERNELS, init, teardown)

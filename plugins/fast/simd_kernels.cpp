@@ -31,7 +31,8 @@ typedef float vf_u __attribute__((vector_size(64), aligned(4)));  // unaligned l
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
-inline vf splat(float x) { return vf{} + x; }
+// A broadcast (vf{} + x would add 0.0 first: -0.0 + 0.0 is not -0.0).
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline float hsum(vf v) {
