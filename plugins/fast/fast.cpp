@@ -586,40 +586,53 @@ struct Matrix {
 constexpr int64_t kGemmMC = 16 * fast::kGemmMR;
 constexpr int64_t kGemmNC = 16 * fast::kGemmNR;
 
+// B[k0 : k0+kc, n0 : n0+nc] as panels of kGemmNR columns (k-major inside a
+// panel), zero-padded; reads along whichever dimension is contiguous.
 void pack_b(const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* out) {
-  for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
-    const int64_t nr = std::min(fast::kGemmNR, nc - j0);
+  constexpr int64_t NR = fast::kGemmNR;
+  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+    const int64_t nr = std::min(NR, nc - j0);
     float* panel = out + j0 * kc;
-    for (int64_t p = 0; p < kc; ++p) {
-      float* dst = panel + p * fast::kGemmNR;
-      if (B.sc == 1) {
-        std::memcpy(dst, B.data + b * B.sb + (k0 + p) * B.sr + n0 + j0, static_cast<size_t>(nr) * 4);
-      } else {
-        for (int64_t j = 0; j < nr; ++j) dst[j] = B.at(b, k0 + p, n0 + j0 + j);
-      }
-      for (int64_t j = nr; j < fast::kGemmNR; ++j) dst[j] = 0.f;
+    const float* src = B.data + b * B.sb + k0 * B.sr + (n0 + j0) * B.sc;
+    if (B.sc == 1) {
+      for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * NR, src + p * B.sr, static_cast<size_t>(nr) * 4);
+    } else {  // column-major (a transposed operand): read each column in order
+      for (int64_t j = 0; j < nr; ++j)
+        for (int64_t p = 0; p < kc; ++p) panel[p * NR + j] = src[j * B.sc + p * B.sr];
     }
+    if (nr < NR)
+      for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * NR + nr, panel + (p + 1) * NR, 0.f);
   }
 }
 
-void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float* out) {
-  for (int64_t r = 0; r < fast::kGemmMR; ++r) {
-    if (r >= mr) {
-      for (int64_t p = 0; p < kc; ++p) out[p * fast::kGemmMR + r] = 0.f;
+// A[m0 : m0+mc, k0 : k0+kc] as panels of kGemmMR rows, zero-padded.
+void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int64_t kc, float* out) {
+  constexpr int64_t MR = fast::kGemmMR;
+  for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+    const int64_t mr = std::min(MR, mc - i0);
+    float* panel = out + i0 * kc;
+    const float* src = A.data + b * A.sb + (m0 + i0) * A.sr + k0 * A.sc;
+    if (A.sr == 1) {  // column-major (a transposed operand)
+      for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * MR, src + p * A.sc, static_cast<size_t>(mr) * 4);
     } else {
-      const float* src = A.data + b * A.sb + (m0 + r) * A.sr + k0 * A.sc;
-      for (int64_t p = 0; p < kc; ++p) out[p * fast::kGemmMR + r] = src[p * A.sc];
+      for (int64_t r = 0; r < mr; ++r)
+        for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = src[r * A.sr + p * A.sc];
     }
+    if (mr < MR)
+      for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * MR + mr, panel + (p + 1) * MR, 0.f);
   }
 }
 
+// GotoBLAS's loop order: per K slice, the task's A block (mc x kc) is packed
+// once and stays in L2; each B panel (kc x NR) stays in L1 while every A
+// panel of the block passes it.
 void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, const Matrix& A,
           const Matrix& B, float* C, float alpha, bool add) {
   const fast::Kernels& k = K(call);
   const int64_t mblocks = (M + kGemmMC - 1) / kGemmMC, nblocks = (N + kGemmNC - 1) / kGemmNC;
   call.parallel_for(0, batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> bpack(static_cast<size_t>(fast::kGemmKC * kGemmNC));
-    std::vector<float> apack(static_cast<size_t>(fast::kGemmKC * fast::kGemmMR));
+    std::vector<float> apack(static_cast<size_t>(fast::kGemmKC * kGemmMC));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
       const int64_t m0 = mb * kGemmMC, mc = std::min(kGemmMC, M - m0);
@@ -631,12 +644,12 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
       for (int64_t k0 = 0; k0 < Kd; k0 += fast::kGemmKC) {
         const int64_t kc = std::min(fast::kGemmKC, Kd - k0);
         pack_b(B, b, k0, kc, n0, nc, bpack.data());
-        for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
-          const int64_t mr = std::min(fast::kGemmMR, mc - i0);
-          pack_a(A, b, m0 + i0, mr, k0, kc, apack.data());
-          for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
-            k.gemm_tile(kc, apack.data(), bpack.data() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N, mr,
-                        std::min(fast::kGemmNR, nc - j0), alpha, add || k0 > 0);
+        pack_a(A, b, m0, mc, k0, kc, apack.data());
+        for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
+          for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
+            k.gemm_tile(kc, apack.data() + i0 * kc, bpack.data() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
+                        std::min(fast::kGemmMR, mc - i0), std::min(fast::kGemmNR, nc - j0), alpha,
+                        add || k0 > 0);
           }
         }
       }

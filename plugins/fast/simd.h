@@ -15,7 +15,7 @@ enum class BinaryOp : int { kAdd, kSub, kMul, kDiv };
 // GEMM blocking: C[MR x NR] tiles, K in KC slices, packed panels.
 constexpr int64_t kGemmMR = 12;
 constexpr int64_t kGemmNR = 32;
-constexpr int64_t kGemmKC = 256;
+constexpr int64_t kGemmKC = 128;
 
 struct Kernels {
   const char* isa;

@@ -363,6 +363,11 @@ void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 void gemm_tile(int64_t k, const float* a, const float* b, float* c, int64_t ldc, int64_t mr,
                int64_t nr, float alpha, bool add) {
   constexpr int MR = static_cast<int>(kGemmMR);
+  // C's rows are far apart (ldc): start fetching them while the loop runs.
+  for (int64_t r = 0; r < mr; ++r) {
+    __builtin_prefetch(c + r * ldc, 1);
+    __builtin_prefetch(c + r * ldc + W, 1);
+  }
   vf acc0[MR], acc1[MR];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = vf{};
