@@ -105,7 +105,7 @@ def main():
         print("-" * (w + 44))
         for bench, metric, value, target, ok in rows:
             mark = "" if ok is None else ("yes" if ok else "NO")
-            print(f"{bench:18s} {metric:{w}s} {value:>9.3f} {target or '':>8s}  {mark}")
+            print(f"{bench:18s} {metric:{w}s} {value:>9.3f} {str(target or ''):>8s}  {mark}")
     md = write_markdown(rows, machine, args.quick, failed)
     pngs = plots.write_all(bl.RESULTS_DIR)
     print(f"\nsummary: {md}; plots: {', '.join(os.path.basename(p) for p in pngs) or 'none'}")

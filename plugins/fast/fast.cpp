@@ -156,9 +156,8 @@ Tensor writable_output(const Call& call, int index, const std::vector<int64_t>& 
   return out;
 }
 
-// ---------------------------------------------------------------------------
-// bfloat16 in blocks: f(float* ins..., float* out, n) on float32 copies.
-
+// n elements of p from index `at` as float32: in place for float32, else
+// converted into buf (bfloat16 is computed in float32, in blocks).
 void load_f32(const fast::Kernels& k, const void* p, Dt d, int64_t at, int64_t n, float* buf,
               const float** view) {
   if (d == Dt::f32) {
