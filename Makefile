@@ -106,6 +106,8 @@ SAN_ASAN_PYTEST ?=
 # move data zero-copy, rebuild plugins under watch and reload loops (4
 # rebuilds per writer under TSan), fork and exit; OpInfo and the pure op,
 # dtype, view and factory tests run no thread or loader path that these do not.
+# Not test_plugin_fast.py: the fast plugin's threads are libgomp's workers,
+# whose barriers TSan cannot see (run.sh pins OMP_NUM_THREADS=1 for that).
 SAN_TSAN_PYTEST ?= tests/python/test_plugin_threads.py tests/python/test_hot_swap.py \
   tests/python/test_watch.py tests/python/test_overrides.py tests/python/test_validation.py \
   tests/python/test_plugin_lifecycle.py \

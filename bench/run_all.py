@@ -2,6 +2,10 @@
 through), prints their tables as they come, then one combined summary of
 the headline figures and their targets. `make bench` runs this.
 
+Besides each benchmark's raw JSON it writes, in bench/results/:
+summary.md (the summary as a Markdown table, each figure marked against its
+target) and PNG plots of the figures the README shows (plots.py).
+
     .venv/bin/python bench/run_all.py [--quick] [--only NAME ...]
 
 The package is imported from python/ and the build from $MAXDEV_BUILD_DIR
@@ -18,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _benchlib as bl  # noqa: E402
+import plots  # noqa: E402
 
 # Result file of each benchmark (its summary rows feed the combined table).
 RESULT_FILES = {"bench_fallback": "fallback.json", "bench_plugin_call": "plugin_call.json",
@@ -38,6 +43,24 @@ def summary_rows(name, report):
                          f"<= {t}" if t is not None else None, None if t is None else v <= t))
         return rows
     return []
+
+
+def write_markdown(rows, machine, quick, failed):
+    """bench/results/summary.md: every headline figure against its target."""
+    lines = ["# Benchmark summary", ""]
+    if machine:
+        lines += [bl.machine_line(machine) + (" (quick)" if quick else ""), ""]
+    lines += ["| benchmark | metric | value | target | met |", "|---|---|---:|---|---|"]
+    for bench, metric, value, target, ok in rows:
+        mark = "" if ok is None else ("yes" if ok else "**no**")
+        lines.append(f"| {bench} | {metric} | {value:.3f} | {target or ''} | {mark} |")
+    if failed:
+        lines += ["", f"Failed to run: {', '.join(failed)}"]
+    path = os.path.join(bl.RESULTS_DIR, "summary.md")
+    os.makedirs(bl.RESULTS_DIR, exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
 
 
 def main():
@@ -82,7 +105,10 @@ def main():
         print("-" * (w + 44))
         for bench, metric, value, target, ok in rows:
             mark = "" if ok is None else ("yes" if ok else "NO")
-            print(f"{bench:18s} {metric:{w}s} {value:>9.3f} {target or '':>8s}  {mark}")
+            print(f"{bench:18s} {metric:{w}s} {value:>9.3f} {str(target or ''):>8s}  {mark}")
+    md = write_markdown(rows, machine, args.quick, failed)
+    pngs = plots.write_all(bl.RESULTS_DIR)
+    print(f"\nsummary: {md}; plots: {', '.join(os.path.basename(p) for p in pngs) or 'none'}")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     print(f"\n{len(ran)} benchmarks in {time.monotonic() - t_all:.0f} s; raw JSON in {bl.RESULTS_DIR}")

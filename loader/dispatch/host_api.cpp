@@ -1,6 +1,7 @@
 #include "dispatch/host_api.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
 #include <ATen/native/Resize.h>
 
 #include <array>
@@ -124,9 +125,17 @@ void log_message(maxdev_host_context* ctx, int32_t level, const char* message) {
   log::write(static_cast<log::Level>(clamped), who + ": " + message);
 }
 
+// PyTorch's intra-op pool, so torch.set_num_threads governs plugins too.
+void parallel_for(maxdev_host_context* /*ctx*/, int64_t begin, int64_t end, int64_t grain,
+                  void (*body)(void* user, int64_t begin, int64_t end), void* user) {
+  if (body == nullptr || end <= begin) return;
+  at::parallel_for(begin, end, std::max<int64_t>(grain, 1),
+                   [body, user](int64_t b, int64_t e) { body(user, b, e); });
+}
+
 const maxdev_host_api kHostApi = {
     sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR, &alloc_output, &set_error, &log_message,
-    &resize_output,
+    &resize_output, &parallel_for,
 };
 
 }  // namespace

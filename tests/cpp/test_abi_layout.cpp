@@ -103,7 +103,7 @@ FROZEN(maxdev_value, u.tensor_list.data, 8, 8);
 FROZEN(maxdev_value, u.tensor_list.size, 16, 8);
 
 // --- maxdev_host_api -------------------------------------------------------
-static_assert(sizeof(maxdev_host_api) == 48 && alignof(maxdev_host_api) == 8,
+static_assert(sizeof(maxdev_host_api) == 56 && alignof(maxdev_host_api) == 8,
               "maxdev_host_api (a new minor appends: update the total, keep the fields)");
 FROZEN(maxdev_host_api, struct_size, 0, 8);
 FROZEN(maxdev_host_api, abi_major, 8, 4);
@@ -113,6 +113,8 @@ FROZEN(maxdev_host_api, set_error, 24, 8);
 FROZEN(maxdev_host_api, log, 32, 8);
 // 1.1
 FROZEN(maxdev_host_api, resize_output, 40, 8);
+// 1.2
+FROZEN(maxdev_host_api, parallel_for, 48, 8);
 
 // --- maxdev_call -----------------------------------------------------------
 static_assert(sizeof(maxdev_call) == 56 && alignof(maxdev_call) == 8, "maxdev_call");
@@ -185,6 +187,10 @@ static_assert(std::is_same_v<decltype(maxdev_host_api::resize_output),
                              maxdev_status (*)(maxdev_host_context*, int32_t, int32_t,
                                                const int64_t*, const maxdev_tensor**)>,
               "resize_output signature");
+static_assert(std::is_same_v<decltype(maxdev_host_api::parallel_for),
+                             void (*)(maxdev_host_context*, int64_t, int64_t, int64_t,
+                                      void (*)(void*, int64_t, int64_t), void*)>,
+              "parallel_for signature");
 static_assert(std::is_same_v<decltype(maxdev_kernel_def::meta), maxdev_kernel_fn>,
               "meta signature");
 static_assert(std::is_same_v<decltype(maxdev_plugin_def::init),

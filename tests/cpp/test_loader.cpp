@@ -1,5 +1,6 @@
 // Loading, negotiation, all-or-nothing registration and unloading, with
 // real plugins built by this build.
+#include <ATen/Parallel.h>
 #include <ATen/ops/neg.h>
 #include <ATen/ops/ones.h>
 #include <gtest/gtest.h>
@@ -7,7 +8,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
 
+#include "dispatch/host_api.h"
 #include "dispatch/op_table.h"
 #include "loader_test_util.h"
 #include "plugins/registry.h"
@@ -202,6 +207,54 @@ TEST(Kernels, DeclinedInputsFallToTheCpu) {
   EXPECT_EQ(op->layers[0].declines, 1);
   EXPECT_EQ(op->layers[0].calls, 0);
   registry.unload("good");
+}
+
+// What a plugin's host->parallel_for does (ABI 1.2): every index exactly
+// once, on as many threads as torch.set_num_threads allows.
+struct ParallelRun {
+  std::mutex mutex;
+  std::vector<int> hits;
+  std::set<std::thread::id> threads;
+  int64_t calls = 0;
+};
+
+ParallelRun run_parallel_for(int64_t n, int64_t grain) {
+  ParallelRun run;
+  run.hits.assign(static_cast<size_t>(n), 0);
+  const maxdev_host_api* host = dispatch::host_api();
+  host->parallel_for(nullptr, 0, n, grain, [](void* user, int64_t b, int64_t e) {
+    auto& r = *static_cast<ParallelRun*>(user);
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (int64_t i = b; i < e; ++i) ++r.hits[static_cast<size_t>(i)];
+    r.threads.insert(std::this_thread::get_id());
+    ++r.calls;
+  }, &run);
+  std::lock_guard<std::mutex> lock(run.mutex);  // ordered after every worker's writes
+  return ParallelRun{{}, run.hits, run.threads, run.calls};
+}
+
+TEST(HostApi, ParallelForRunsOnTorchsThreads) {
+#if defined(__SANITIZE_THREAD__)
+  // libgomp's futex barriers are invisible to TSan (run.sh runs it with
+  // OMP_NUM_THREADS=1 for that reason): two OpenMP threads would report.
+  GTEST_SKIP() << "OpenMP workers under TSan";
+#endif
+  ASSERT_TRUE(MAXDEV_HOST_HAS(dispatch::host_api(), parallel_for));
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  ParallelRun two = run_parallel_for(1000, 10);
+  EXPECT_EQ(two.hits, std::vector<int>(1000, 1));
+  EXPECT_EQ(two.threads.size(), 2u);
+  at::set_num_threads(1);
+  ParallelRun one = run_parallel_for(1000, 10);
+  EXPECT_EQ(one.hits, std::vector<int>(1000, 1));
+  EXPECT_EQ(one.threads, std::set<std::thread::id>{std::this_thread::get_id()});
+  at::set_num_threads(2);
+  ParallelRun small = run_parallel_for(8, 10);  // at most one grain: inline, one call
+  EXPECT_EQ(small.calls, 1);
+  EXPECT_EQ(small.threads, std::set<std::thread::id>{std::this_thread::get_id()});
+  EXPECT_EQ(run_parallel_for(0, 10).calls, 0);
+  at::set_num_threads(before);
 }
 
 }  // namespace

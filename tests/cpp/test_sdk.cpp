@@ -71,7 +71,7 @@ void fake_log(maxdev_host_context* ctx, int32_t level, const char* message) {
 }
 
 const maxdev_host_api kHost = {sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR,
-                               fake_alloc, fake_set_error, fake_log, nullptr};
+                               fake_alloc, fake_set_error, fake_log, nullptr, nullptr};
 
 // A float32 device tensor over caller-owned storage.
 struct TestTensor {

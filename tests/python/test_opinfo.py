@@ -8,9 +8,11 @@ is the renamed PrivateUse1 backend), parametrized by ``@ops`` over
 (only_for does here what PYTORCH_TESTING_DEVICE_FOR_CUSTOM=privateuse1 does
 for PyTorch's own test files, without the CPU classes.)
 
-Two configurations, one class each: ``Fallback`` (no plugin: every op runs
-the zero-copy CPU fallback) and ``Reference`` (build/plugins/libreference.so
-loaded for the duration of each test; loading and unloading costs ~5 ms).
+Three configurations, one class each: ``Fallback`` (no plugin: every op runs
+the zero-copy CPU fallback), ``Reference`` (build/plugins/libreference.so
+loaded for the duration of each test; loading and unloading costs ~5 ms)
+and ``Fast`` (build/plugins/libfast.so the same way, float32 and bfloat16
+only: the dtypes it serves).
 
 The checks, in the spirit of PyTorch's test_ops.TestCommon, compare
 max_device with the CPU on the same samples (built on the CPU and copied
@@ -22,10 +24,10 @@ on a sample, max_device must raise the same type.
 
 Selection, from ``MAXDEV_OPINFO``:
 - ``ci`` (default): Fallback over the whole op_db with one dtype per op
-  (float32 where supported); Reference over the OpInfos that reach an op the
-  plugin serves, every dtype they support; the first SAMPLES_PER_CASE
-  samples of each case.
-- ``full``: both configurations over the whole op_db, every supported dtype,
+  (float32 where supported); Reference and Fast over the OpInfos that reach
+  an op their plugin serves, every dtype they support (Fast: of float32 and
+  bfloat16); the first SAMPLES_PER_CASE samples of each case.
+- ``full``: every configuration over the whole op_db, every supported dtype,
   every sample.
 ``MAXDEV_OPINFO_SHARD=i/n`` keeps the ops whose op_db index is i modulo n
 (to split a run across jobs).
@@ -90,8 +92,8 @@ def before_torch(minor, reason):
 
 # (test name or None for every test, OpInfo full name, dtype or None for
 # every dtype, configuration or None for both) -> why it fails. Test names are
-# the generic ones (test_compare_cpu, ...); configurations "Fallback" and
-# "Reference". Applied as strict xfail. An entry that depends on the torch
+# the generic ones (test_compare_cpu, ...); configurations "Fallback",
+# "Reference" and "Fast". Applied as strict xfail. An entry that depends on the torch
 # version is keyed by it (before_torch): None where it does not apply.
 KNOWN_FAILURES = {
     (None, "chalf", None, None):
@@ -158,16 +160,20 @@ def _op_shard(selected):
     return [op for op in selected if op_db.index(op) % count == index]
 
 
-def _reference_plugin_path():
+# configuration -> the plugin file its tests load (in <build>/plugins/)
+PLUGIN_FILES = {"Reference": "libreference.so", "Fast": "libfast.so"}
+
+
+def _plugin_path(config):
     paths = build_paths()
-    return os.path.join(paths["plugins"], "libreference.so") if paths else None
+    return os.path.join(paths["plugins"], PLUGIN_FILES[config]) if paths else None
 
 
-def _reference_opinfos():
-    """The OpInfos whose samples reach an op the reference plugin serves,
-    from its manifest (read without loading it); all of op_db when the
-    plugin is not built (every test then skips)."""
-    path = _reference_plugin_path()
+def _plugin_opinfos(config):
+    """The OpInfos whose samples reach an op the configuration's plugin
+    serves, from its manifest (read without loading it); all of op_db when
+    the plugin is not built (every test then skips)."""
+    path = _plugin_path(config)
     if path is None or not os.path.isfile(path):
         return list(op_db)
     served = {id(info) for entry in max_device.inspect(path).kernels for info in opinfos_for(entry.op)}
@@ -260,16 +266,16 @@ def _tensors(value):
 
 class OpInfoChecks(TestCase):
     """The checks; _instantiate turns them into one test class per
-    configuration. with_reference_plugin: load build/plugins/libreference.so
-    around each test."""
+    configuration. config: with a plugin in PLUGIN_FILES, load it around
+    each test."""
 
-    with_reference_plugin = False
+    config = "Fallback"
 
     def setUp(self):
         super().setUp()
         self.loaded = None
-        if self.with_reference_plugin:
-            path = _reference_plugin_path()
+        if self.config in PLUGIN_FILES:
+            path = _plugin_path(self.config)
             if path is None:
                 self.skipTest("no build (run `make build`, or set MAXDEV_BUILD_DIR)")
             self.loaded = max_device.load_plugin(path)
@@ -378,7 +384,7 @@ class OpInfoChecks(TestCase):
             self.skipTest("no error inputs")
 
 
-def _instantiate(config, selected, dtypes):
+def _instantiate(config, selected, dtypes, allowed_dtypes=GENERATED_DTYPES):
     """TestOpInfo<config>MAX_DEVICE: the checks over `selected` OpInfos, by
     PyTorch's device-generic machinery, with the known failures and crashes marked."""
     generic_name = f"TestOpInfo{config}"
@@ -389,23 +395,24 @@ def _instantiate(config, selected, dtypes):
 
     # Defined per call: ops() and instantiation attach state to the test
     # functions, so each class needs its own.
+    config_name = config
     class Generic(OpInfoChecks):
-        with_reference_plugin = config == "Reference"
+        config = config_name
 
-        @ops(selected, dtypes=dtypes, allowed_dtypes=GENERATED_DTYPES)
+        @ops(selected, dtypes=dtypes, allowed_dtypes=allowed_dtypes)
         def test_compare_cpu(self, dtype, op):
             self.check_compare_cpu(dtype, op)
 
-        @ops(selected, dtypes=dtypes, allowed_dtypes=GENERATED_DTYPES)
+        @ops(selected, dtypes=dtypes, allowed_dtypes=allowed_dtypes)
         def test_noncontiguous_samples(self, dtype, op):
             self.check_noncontiguous_samples(dtype, op)
 
-        @ops([op for op in selected if op.supports_out], dtypes=dtypes, allowed_dtypes=GENERATED_DTYPES)
+        @ops([op for op in selected if op.supports_out], dtypes=dtypes, allowed_dtypes=allowed_dtypes)
         def test_out(self, dtype, op):
             self.check_out(dtype, op)
 
         @ops([op for op in selected if op.inplace_variant is not None], dtypes=dtypes,
-             allowed_dtypes=GENERATED_DTYPES)
+             allowed_dtypes=allowed_dtypes)
         def test_inplace(self, dtype, op):
             self.check_inplace(dtype, op)
 
@@ -427,4 +434,7 @@ PrivateUse1TestBase.setUpClass()
 TestOpInfoFallbackMAX_DEVICE = _instantiate(
     "Fallback", op_db, OpDTypes.supported if MODE == "full" else OpDTypes.any_one)
 TestOpInfoReferenceMAX_DEVICE = _instantiate(
-    "Reference", op_db if MODE == "full" else _reference_opinfos(), OpDTypes.supported)
+    "Reference", op_db if MODE == "full" else _plugin_opinfos("Reference"), OpDTypes.supported)
+TestOpInfoFastMAX_DEVICE = _instantiate(
+    "Fast", op_db if MODE == "full" else _plugin_opinfos("Fast"), OpDTypes.supported,
+    allowed_dtypes={torch.float32, torch.bfloat16})

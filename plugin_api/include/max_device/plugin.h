@@ -39,7 +39,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define MAXDEV_ABI_MAJOR 1
-#define MAXDEV_ABI_MINOR 1
+#define MAXDEV_ABI_MINOR 2
 
 /* The one symbol a plugin exports. */
 #define MAXDEV_ENTRY_SYMBOL "maxdev_plugin_entry"
@@ -208,6 +208,20 @@ typedef struct maxdev_host_api {
   maxdev_status (*resize_output)(maxdev_host_context* ctx, int32_t index,
                                  int32_t ndim, const int64_t* shape,
                                  const maxdev_tensor** out);
+
+  /* ABI 1.2 (check MAXDEV_HOST_HAS(host, parallel_for) first).
+   * Run body(user, b, e) over subranges [b, e) that together cover
+   * [begin, end), on the host's intra-op thread pool (PyTorch's
+   * at::parallel_for: torch.set_num_threads decides how many threads), and
+   * return when all have finished. No subrange is shorter than `grain`
+   * (except the last); a range of at most `grain` elements, or a call from
+   * inside a parallel region, runs on the calling thread. The body runs
+   * concurrently with itself, must not call the host's other functions and
+   * must not unwind (C++ exceptions stay inside it). */
+  void (*parallel_for)(maxdev_host_context* ctx, int64_t begin, int64_t end,
+                       int64_t grain,
+                       void (*body)(void* user, int64_t begin, int64_t end),
+                       void* user);
 } maxdev_host_api;
 
 /* Whether the host's function table has `field` (a function added in a

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -362,6 +363,31 @@ class Call {
   }
   Tensor resize_output(int i, ArrayView<int64_t> shape) const {
     return resize_output(i, shape.data(), shape.size());
+  }
+
+  // Run fn(b, e) over subranges of [begin, end) on the host's thread pool
+  // (ABI 1.2; serially on an older host), none shorter than grain. The first
+  // exception fn throws is rethrown here once every subrange has finished.
+  template <typename F>
+  void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& fn) const {
+    if (!MAXDEV_HOST_HAS(c_->host, parallel_for)) {
+      if (begin < end) fn(begin, end);
+      return;
+    }
+    struct Job {
+      F* fn;
+      std::atomic<bool> failed;
+      std::exception_ptr error;
+    } job{&fn, {false}, nullptr};
+    c_->host->parallel_for(c_->ctx, begin, end, grain, [](void* user, int64_t b, int64_t e) {
+      Job& j = *static_cast<Job*>(user);
+      try {
+        (*j.fn)(b, e);
+      } catch (...) {
+        if (!j.failed.exchange(true)) j.error = std::current_exception();
+      }
+    }, &job);
+    if (job.error) std::rethrow_exception(job.error);
   }
 
   // Log through the host's logger (MAXDEV_LOG_*).

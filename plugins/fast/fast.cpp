@@ -1,0 +1,758 @@
+// fast — a max_device plugin built for speed, against the plugin ABI only.
+//
+// float32 and bfloat16 kernels for the ops a transformer's training step
+// spends its time in: add/sub/mul/div with broadcasting, relu, gelu and their
+// backwards, sum/mean over dims, softmax/log_softmax and their backwards,
+// and mm/addmm/bmm with a packed, blocked GEMM. Being .out kernels of
+// structured ops, each also serves the functional and in-place variants.
+// (Layer norm and embedding are not here: max_device routes
+// native_layer_norm to the CPU's kernel itself, embedding has a
+// CompositeExplicitAutograd kernel, so neither op takes a plugin, and
+// native_layer_norm_backward's bool[3] argument has no ABI value kind.)
+//
+// Speed comes from two places:
+//   - vectors: the compute kernels (simd_kernels.cpp) are compiled for
+//     AVX-512, AVX2+FMA and baseline x86-64; init picks the widest the CPU
+//     has (MAX_DEVICE_FAST_ISA=avx512|avx2|baseline forces one, for tests);
+//   - threads: work is split with the host's parallel_for (ABI 1.2), which
+//     is PyTorch's intra-op pool, so torch.set_num_threads decides.
+// bfloat16 is computed in float32 (converted in blocks) and rounded once.
+//
+// It declines (the CPU kernel runs) what it does not do well or at all:
+// other dtypes, non-contiguous operands (except GEMM inputs, which are
+// packed from any strides), reductions over dims that are not one
+// contiguous block, softmax over a dim other than the last, and anything
+// that does not match the shapes a kernel expects (PyTorch raises its own
+// error then).
+#include <max_device/plugin.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using maxdev::Call;
+using maxdev::Declined;
+using maxdev::Tensor;
+
+// Elements per task below which splitting across threads costs more than it
+// saves (a parallel_for dispatch is a few microseconds).
+constexpr int64_t kGrain = 32768;
+// bfloat16 is converted to float32 in blocks of this many elements.
+constexpr int64_t kBlock = 1024;
+constexpr int kMaxDims = 16;
+
+struct State {
+  const fast::Kernels* k;
+};
+
+maxdev_status init(const maxdev_host_api* host, maxdev_host_context* ctx, void** state) {
+  const char* forced = std::getenv("MAX_DEVICE_FAST_ISA");
+  __builtin_cpu_init();
+  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const fast::Kernels* k = has512 ? &fast::kernels_avx512() : has2 ? &fast::kernels_avx2()
+                                                                   : &fast::kernels_baseline();
+  if (forced != nullptr && *forced != '\0') {
+    const std::string want = forced;
+    if (want == "avx512" && has512) k = &fast::kernels_avx512();
+    else if (want == "avx2" && has2) k = &fast::kernels_avx2();
+    else if (want == "baseline") k = &fast::kernels_baseline();
+    else
+      return host->set_error(ctx, ("MAX_DEVICE_FAST_ISA=" + want +
+                                   ": expected avx512, avx2 or baseline, one this CPU supports")
+                                      .c_str());
+  }
+  State* s = new (std::nothrow) State{k};
+  if (s == nullptr) return MAXDEV_ERROR;
+  host->log(ctx, MAXDEV_LOG_DEBUG, (std::string("kernels: ") + k->isa).c_str());
+  *state = s;
+  return MAXDEV_OK;
+}
+
+void teardown(void* state) { delete static_cast<State*>(state); }
+
+const fast::Kernels& K(const Call& call) { return *call.state<State>().k; }
+
+// ---------------------------------------------------------------------------
+// dtypes
+
+enum class Dt { f32, bf16 };
+
+bool dtype_of(const Tensor& t, Dt* out) {
+  if (t.has_dtype(maxdev::kFloat32)) *out = Dt::f32;
+  else if (t.has_dtype(maxdev::kBFloat16)) *out = Dt::bf16;
+  else return false;
+  return true;
+}
+
+bool is(const Tensor& t, Dt d) {
+  Dt own;
+  return dtype_of(t, &own) && own == d;
+}
+
+maxdev_dtype abi_dtype(Dt d) { return d == Dt::f32 ? maxdev::kFloat32 : maxdev::kBFloat16; }
+
+float bf16_value(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// A 0-dim CPU tensor (a wrapped Python number) as a float.
+bool cpu_scalar(const Tensor& t, float* out) {
+  if (!t.is_cpu() || t.ndim() != 0) return false;
+  const void* p = t.data_ptr();
+  const maxdev_dtype d = t.dtype();
+  if (maxdev::same_dtype(d, maxdev::kFloat32)) *out = *static_cast<const float*>(p);
+  else if (maxdev::same_dtype(d, maxdev::kFloat64)) *out = static_cast<float>(*static_cast<const double*>(p));
+  else if (maxdev::same_dtype(d, maxdev::kInt64)) *out = static_cast<float>(*static_cast<const int64_t*>(p));
+  else if (maxdev::same_dtype(d, maxdev::kInt32)) *out = static_cast<float>(*static_cast<const int32_t*>(p));
+  else if (maxdev::same_dtype(d, maxdev::kBool)) *out = *static_cast<const bool*>(p) ? 1.f : 0.f;
+  else if (maxdev::same_dtype(d, maxdev::kBFloat16)) *out = bf16_value(*static_cast<const uint16_t*>(p));
+  else return false;
+  return true;
+}
+
+// A device tensor of dtype d, row-major contiguous.
+bool device_contiguous(const Tensor& t, Dt d) { return !t.is_cpu() && is(t, d) && t.is_contiguous(); }
+
+bool same_shape(const Tensor& a, const Tensor& b) {
+  if (a.ndim() != b.ndim()) return false;
+  for (int64_t i = 0; i < a.ndim(); ++i)
+    if (a.size(i) != b.size(i)) return false;
+  return true;
+}
+
+std::vector<int64_t> shape_of(const Tensor& t) { return t.shape().vec(); }
+
+bool same_shape(const Tensor& t, const std::vector<int64_t>& shape) {
+  return t.shape().vec() == shape;
+}
+
+// An output the kernel writes: out= resized to `shape` if it differs (as
+// PyTorch's kernels do), then contiguous and not partly overlapping the
+// inputs, else declined.
+Tensor writable_output(const Call& call, int index, const std::vector<int64_t>& shape, Dt d,
+                       std::initializer_list<Tensor> inputs) {
+  Tensor out = call.output(index);
+  if (!is(out, d) || out.is_cpu()) throw Declined{};
+  if (!same_shape(out, shape)) {
+    if (out.numel() != 0) throw Declined{};  // the CPU kernel warns and resizes
+    out = call.resize_output(index, shape);
+  }
+  if (!out.is_contiguous()) throw Declined{};
+  for (const Tensor& in : inputs)
+    if (maxdev_tensor_overlap(out.raw(), in.raw()) == MAXDEV_OVERLAP_PARTIAL) throw Declined{};
+  return out;
+}
+
+// n elements of p from index `at` as float32: in place for float32, else
+// converted into buf (bfloat16 is computed in float32, in blocks).
+void load_f32(const fast::Kernels& k, const void* p, Dt d, int64_t at, int64_t n, float* buf,
+              const float** view) {
+  if (d == Dt::f32) {
+    *view = static_cast<const float*>(p) + at;
+  } else {
+    k.bf16_to_f32(static_cast<const uint16_t*>(p) + at, buf, n);
+    *view = buf;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// add/sub/mul/div .out, with broadcasting.
+
+struct Operand {
+  const void* data = nullptr;  // device data, or null for a scalar
+  float scalar = 0.f;
+  int64_t strides[kMaxDims] = {};  // in elements over the output's dims (0: broadcast)
+};
+
+// Broadcast shape of a and b (PyTorch's rule); false if they do not broadcast.
+bool broadcast(const Tensor& a, const Tensor& b, std::vector<int64_t>* shape) {
+  const int64_t n = std::max(a.ndim(), b.ndim());
+  shape->assign(static_cast<size_t>(n), 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t da = i - (n - a.ndim()), db = i - (n - b.ndim());
+    const int64_t sa = da >= 0 ? a.size(da) : 1, sb = db >= 0 ? b.size(db) : 1;
+    if (sa != sb && sa != 1 && sb != 1) return false;
+    (*shape)[static_cast<size_t>(i)] = sa == 1 ? sb : sa;
+  }
+  return true;
+}
+
+void operand_strides(const Tensor& t, const std::vector<int64_t>& shape, Operand* op) {
+  const int64_t n = static_cast<int64_t>(shape.size()), lead = n - t.ndim();
+  int64_t stride = 1;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    const int64_t ti = i - lead;
+    const int64_t size = ti >= 0 ? t.size(ti) : 1;
+    op->strides[i] = size == 1 ? 0 : stride;
+    stride *= size;
+  }
+}
+
+void binary_out(Call& call, fast::BinaryOp op, bool has_alpha) {
+  const Tensor a = call.tensor(0), b = call.tensor(1);
+  const float alpha = has_alpha ? static_cast<float>(call.real(2)) : 1.f;
+  Dt d;
+  if (!dtype_of(call.output(0), &d)) throw Declined{};
+  Operand ops[2];
+  const Tensor ins[2] = {a, b};
+  bool any_device = false;
+  for (int i = 0; i < 2; ++i) {
+    if (ins[i].is_cpu()) {
+      // kept in float32 for bfloat16 too, as PyTorch's opmath does
+      if (!cpu_scalar(ins[i], &ops[i].scalar)) throw Declined{};
+    } else {
+      if (!device_contiguous(ins[i], d) || ins[i].ndim() > kMaxDims) throw Declined{};
+      ops[i].data = ins[i].data_ptr();
+      any_device = true;
+    }
+  }
+  if (!any_device) throw Declined{};
+  std::vector<int64_t> shape;
+  const Tensor shape_a = ins[0].is_cpu() ? ins[1] : ins[0], shape_b = ins[1].is_cpu() ? ins[0] : ins[1];
+  if (!broadcast(shape_a, shape_b, &shape) || shape.size() > static_cast<size_t>(kMaxDims))
+    throw Declined{};
+  const Tensor out = writable_output(call, 0, shape, d, {a, b});
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
+  for (int i = 0; i < 2; ++i)
+    if (ops[i].data != nullptr) operand_strides(ins[i], shape, &ops[i]);
+
+  // Collapse dims that are contiguous for both operands; the innermost run
+  // has step 0 or 1 in each.
+  int64_t dims[kMaxDims], st[2][kMaxDims];
+  int nd = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 1) continue;
+    const bool merge = nd > 0 && [&] {
+      for (int o = 0; o < 2; ++o)
+        if (st[o][nd - 1] != ops[o].strides[i] * shape[i]) return false;
+      return true;
+    }();
+    if (merge) {
+      dims[nd - 1] *= shape[i];
+      for (int o = 0; o < 2; ++o) st[o][nd - 1] = ops[o].strides[i];
+    } else {
+      dims[nd] = shape[i];
+      for (int o = 0; o < 2; ++o) st[o][nd] = ops[o].strides[i];
+      ++nd;
+    }
+  }
+  if (nd == 0) {
+    dims[0] = 1;
+    st[0][0] = st[1][0] = 0;
+    nd = 1;
+  }
+  const int64_t inner = dims[nd - 1];
+  const int64_t step[2] = {ops[0].data ? st[0][nd - 1] : 0, ops[1].data ? st[1][nd - 1] : 0};
+  const int64_t rows = numel / inner;
+  const fast::Kernels& k = K(call);
+  void* out_data = out.data_ptr();
+
+  // Runs rows [r0, r1), elements [c0, c1) of each.
+  auto run = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    float buf[3][kBlock];
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t off[2] = {0, 0}, rem = r;
+      for (int dd = nd - 2; dd >= 0; --dd) {
+        const int64_t idx = rem % dims[dd];
+        rem /= dims[dd];
+        off[0] += idx * st[0][dd];
+        off[1] += idx * st[1][dd];
+      }
+      if (d == Dt::f32) {
+        const float* pa = ops[0].data ? static_cast<const float*>(ops[0].data) + off[0] + c0 * step[0] : &ops[0].scalar;
+        const float* pb = ops[1].data ? static_cast<const float*>(ops[1].data) + off[1] + c0 * step[1] : &ops[1].scalar;
+        k.binary(op, pa, step[0], pb, step[1], alpha, static_cast<float*>(out_data) + r * inner + c0, c1 - c0);
+        continue;
+      }
+      for (int64_t c = c0; c < c1; c += kBlock) {
+        const int64_t n = std::min(kBlock, c1 - c);
+        const float* v[2];
+        for (int o = 0; o < 2; ++o) {
+          if (!ops[o].data) v[o] = &ops[o].scalar;
+          else if (step[o] == 0) {
+            buf[o][0] = bf16_value(static_cast<const uint16_t*>(ops[o].data)[off[o]]);
+            v[o] = buf[o];
+          } else {
+            load_f32(k, ops[o].data, d, off[o] + c, n, buf[o], &v[o]);
+          }
+        }
+        k.binary(op, v[0], step[0], v[1], step[1], alpha, buf[2], n);
+        k.f32_to_bf16(buf[2], static_cast<uint16_t*>(out_data) + r * inner + c, n);
+      }
+    }
+  };
+  if (rows == 1) {
+    call.parallel_for(0, inner, kGrain, [&](int64_t c0, int64_t c1) { run(0, 1, c0, c1); });
+  } else {
+    call.parallel_for(0, rows, std::max<int64_t>(1, kGrain / inner),
+                      [&](int64_t r0, int64_t r1) { run(r0, r1, 0, inner); });
+  }
+}
+
+void add_out(Call& call) { binary_out(call, fast::BinaryOp::kAdd, true); }
+void sub_out(Call& call) { binary_out(call, fast::BinaryOp::kSub, true); }
+void mul_out(Call& call) { binary_out(call, fast::BinaryOp::kMul, false); }
+void div_out(Call& call) { binary_out(call, fast::BinaryOp::kDiv, false); }
+
+// ---------------------------------------------------------------------------
+// Pointwise ops over same-shaped contiguous tensors: f(k, inputs..., out, n)
+// on float32 ranges.
+
+template <int N, typename F>
+void pointwise(const Call& call, const Tensor (&ins)[N], const Tensor& out, Dt d, F f) {
+  const int64_t numel = out.numel();
+  const fast::Kernels& k = K(call);
+  call.parallel_for(0, numel, kGrain, [&](int64_t b, int64_t e) {
+    if (d == Dt::f32) {
+      const float* v[N];
+      for (int i = 0; i < N; ++i) v[i] = static_cast<const float*>(ins[i].data_ptr()) + b;
+      f(k, v, static_cast<float*>(out.data_ptr()) + b, e - b);
+      return;
+    }
+    float buf[N + 1][kBlock];
+    for (int64_t c = b; c < e; c += kBlock) {
+      const int64_t n = std::min(kBlock, e - c);
+      const float* v[N];
+      for (int i = 0; i < N; ++i) load_f32(k, ins[i].data_ptr(), d, c, n, buf[i], &v[i]);
+      f(k, v, buf[N], n);
+      k.f32_to_bf16(buf[N], static_cast<uint16_t*>(out.data_ptr()) + c, n);
+    }
+  });
+}
+
+template <int N>
+Dt pointwise_inputs(const Tensor (&ins)[N]) {
+  Dt d;
+  if (!dtype_of(ins[0], &d)) throw Declined{};
+  for (const Tensor& t : ins)
+    if (!device_contiguous(t, d) || !same_shape(t, ins[0])) throw Declined{};
+  return d;
+}
+
+bool tanh_approximation(const Call& call, int i) {
+  const std::string_view mode = call.string(i);
+  if (mode == "tanh") return true;
+  if (mode == "none") return false;
+  throw Declined{};  // PyTorch raises its own error
+}
+
+void relu_into(const Call& call, const Tensor& self, const Tensor& out, Dt d) {
+  const Tensor ins[1] = {self};
+  pointwise(call, ins, out, d, [](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
+    k.relu(v[0], o, n);
+  });
+}
+
+void relu(Call& call) {
+  const Tensor self = call.tensor(0);
+  const Tensor ins[1] = {self};
+  const Dt d = pointwise_inputs(ins);
+  relu_into(call, self, call.alloc_output(0, abi_dtype(d), self.shape()), d);
+}
+
+void relu_(Call& call) {
+  const Tensor self = call.tensor(0);
+  const Tensor ins[1] = {self};
+  relu_into(call, self, self, pointwise_inputs(ins));
+}
+
+void relu_out(Call& call) {
+  const Tensor self = call.tensor(0);
+  const Tensor ins[1] = {self};
+  const Dt d = pointwise_inputs(ins);
+  relu_into(call, self, writable_output(call, 0, shape_of(self), d, {self}), d);
+}
+
+void gelu_out(Call& call) {
+  const Tensor self = call.tensor(0);
+  const bool approx = tanh_approximation(call, 1);
+  const Tensor ins[1] = {self};
+  const Dt d = pointwise_inputs(ins);
+  const Tensor out = writable_output(call, 0, shape_of(self), d, {self});
+  pointwise(call, ins, out, d, [approx](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
+    k.gelu(v[0], o, n, approx);
+  });
+}
+
+void gelu_backward_out(Call& call) {
+  const Tensor grad = call.tensor(0), self = call.tensor(1);
+  const bool approx = tanh_approximation(call, 2);
+  const Tensor ins[2] = {grad, self};
+  const Dt d = pointwise_inputs(ins);
+  const Tensor out = writable_output(call, 0, shape_of(self), d, {grad, self});
+  pointwise(call, ins, out, d, [approx](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
+    k.gelu_backward(v[0], v[1], o, n, approx);
+  });
+}
+
+void threshold_backward_out(Call& call) {
+  const Tensor grad = call.tensor(0), self = call.tensor(1);
+  const float threshold = static_cast<float>(call.real(2));
+  const Tensor ins[2] = {grad, self};
+  const Dt d = pointwise_inputs(ins);
+  const Tensor out = writable_output(call, 0, shape_of(self), d, {grad, self});
+  pointwise(call, ins, out, d, [threshold](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
+    k.threshold_backward(v[0], v[1], threshold, o, n);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// sum / mean over dims: the reduced dims (size-1 dims aside) must be one
+// contiguous block, so the input reads as [outer, reduced, inner].
+
+void reduce_out(Call& call, bool mean) {
+  const Tensor self = call.tensor(0);
+  Dt d;
+  if (!dtype_of(self, &d) || !device_contiguous(self, d) || self.ndim() > kMaxDims) throw Declined{};
+  if (!call.is_none(3) && !maxdev::same_dtype(call.dtype(3), self.dtype())) throw Declined{};
+  const bool keepdim = call.boolean(2);
+  bool reduced[kMaxDims] = {};
+  const int64_t nd = self.ndim();
+  const auto dims = call.optional_int_list(1);
+  if (!dims || dims->empty()) {
+    for (int64_t i = 0; i < nd; ++i) reduced[i] = true;
+  } else {
+    for (int64_t dim : *dims) {
+      const int64_t n = nd > 0 ? nd : 1;
+      if (dim < -n || dim >= n) throw Declined{};  // PyTorch's IndexError
+      const int64_t w = dim < 0 ? dim + n : dim;
+      if (nd > 0 && reduced[w]) throw Declined{};  // repeated dim: PyTorch's error
+      if (nd > 0) reduced[w] = true;
+    }
+  }
+  if (self.numel() == 0) throw Declined{};
+  int64_t outer = 1, red = 1, inner = 1;
+  int phase = 0;  // 0: outer, 1: reduced, 2: inner
+  std::vector<int64_t> out_shape;
+  for (int64_t i = 0; i < nd; ++i) {
+    const int64_t s = self.size(i);
+    if (reduced[i]) {
+      if (keepdim) out_shape.push_back(1);
+    } else {
+      out_shape.push_back(s);
+    }
+    if (s == 1) continue;
+    if (reduced[i]) {
+      if (phase == 2) throw Declined{};
+      phase = 1;
+      red *= s;
+    } else if (phase == 0) {
+      outer *= s;
+    } else {
+      phase = 2;
+      inner *= s;
+    }
+  }
+  const Tensor out = writable_output(call, 0, out_shape, d, {self});
+  const float factor = mean ? 1.f / static_cast<float>(red) : 1.f;
+  const fast::Kernels& k = K(call);
+  const void* in = self.data_ptr();
+  void* op = out.data_ptr();
+  auto store = [&](const float* v, int64_t at, int64_t n) {
+    if (d == Dt::f32) std::memcpy(static_cast<float*>(op) + at, v, static_cast<size_t>(n) * 4);
+    else k.f32_to_bf16(v, static_cast<uint16_t*>(op) + at, n);
+  };
+  if (inner == 1) {  // rows of `red` contiguous elements
+    call.parallel_for(0, outer, std::max<int64_t>(1, kGrain / red), [&](int64_t b, int64_t e) {
+      std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>(std::min(red, kBlock)) : 0);
+      for (int64_t r = b; r < e; ++r) {
+        float s = 0.f;
+        if (d == Dt::f32) {
+          s = k.sum(static_cast<const float*>(in) + r * red, red);
+        } else {
+          for (int64_t c = 0; c < red; c += kBlock) {
+            const int64_t n = std::min(kBlock, red - c);
+            const float* v;
+            load_f32(k, in, d, r * red + c, n, buf.data(), &v);
+            s += k.sum(v, n);
+          }
+        }
+        s *= factor;
+        store(&s, r, 1);
+      }
+    });
+    return;
+  }
+  // acc[inner] += each reduced row; parallel over outer x inner blocks.
+  const int64_t iblock = std::max<int64_t>(256, std::min(inner, kGrain / 4));
+  const int64_t nblocks = (inner + iblock - 1) / iblock;
+  call.parallel_for(0, outer * nblocks, std::max<int64_t>(1, kGrain / (red * iblock)), [&](int64_t b, int64_t e) {
+    std::vector<float> acc(static_cast<size_t>(iblock)), buf(static_cast<size_t>(iblock));
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / nblocks, c0 = (t % nblocks) * iblock, n = std::min(iblock, inner - c0);
+      std::fill(acc.begin(), acc.begin() + n, 0.f);
+      for (int64_t r = 0; r < red; ++r) {
+        const float* v;
+        load_f32(k, in, d, (o * red + r) * inner + c0, n, buf.data(), &v);
+        k.accumulate(acc.data(), v, n);
+      }
+      if (mean) k.scale(acc.data(), factor, n);
+      store(acc.data(), o * inner + c0, n);
+    }
+  });
+}
+
+void sum_out(Call& call) { reduce_out(call, false); }
+void mean_out(Call& call) { reduce_out(call, true); }
+
+// ---------------------------------------------------------------------------
+// Row kernels over the last dim: the softmax family.
+
+// Whether `dim` is t's last dimension (a 0-dim tensor has one row of one).
+bool last_dim(const Tensor& t, int64_t dim) {
+  const int64_t n = t.ndim() > 0 ? t.ndim() : 1;
+  if (dim < -n || dim >= n) return false;
+  return (dim < 0 ? dim + n : dim) == n - 1;
+}
+
+// Runs f(float* rows_in[N], float* row_out, n) for each row of `cols`
+// elements, converting bfloat16 rows.
+template <int N, typename F>
+void for_rows(const Call& call, const Tensor (&ins)[N], const Tensor& out, Dt d, int64_t cols, F f) {
+  const int64_t rows = cols == 0 ? 0 : out.numel() / cols;
+  const fast::Kernels& k = K(call);
+  call.parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
+    std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>((N + 1) * cols) : 0);
+    for (int64_t r = b; r < e; ++r) {
+      const float* v[N];
+      for (int i = 0; i < N; ++i) load_f32(k, ins[i].data_ptr(), d, r * cols, cols, buf.data() + i * cols, &v[i]);
+      float* o = d == Dt::f32 ? static_cast<float*>(out.data_ptr()) + r * cols : buf.data() + N * cols;
+      f(k, v, o, cols);
+      if (d == Dt::bf16) k.f32_to_bf16(o, static_cast<uint16_t*>(out.data_ptr()) + r * cols, cols);
+    }
+  });
+}
+
+void softmax_out_impl(Call& call, bool log) {
+  const Tensor self = call.tensor(0);
+  if (call.boolean(2) || !last_dim(self, call.integer(1))) throw Declined{};
+  const Tensor ins[1] = {self};
+  const Dt d = pointwise_inputs(ins);
+  // The CPU's bfloat16 log_softmax rounds every intermediate (x - max, each
+  // exp, the running sum, its log) to bfloat16; computed in float32 the
+  // results differ in the last bits, so leave it to the CPU.
+  if (log && d == Dt::bf16) throw Declined{};
+  const Tensor out = writable_output(call, 0, shape_of(self), d, {self});
+  const int64_t cols = self.ndim() > 0 ? self.size(-1) : 1;
+  for_rows(call, ins, out, d, cols, [log](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
+    k.softmax(v[0], o, n, log);
+  });
+}
+
+void softmax_out(Call& call) { softmax_out_impl(call, false); }
+void log_softmax_out(Call& call) { softmax_out_impl(call, true); }
+
+void softmax_backward_impl(Call& call, bool log) {
+  const Tensor grad = call.tensor(0), output = call.tensor(1);
+  if (!last_dim(grad, call.integer(2)) || !maxdev::same_dtype(call.dtype(3), grad.dtype())) throw Declined{};
+  const Tensor ins[2] = {grad, output};
+  const Dt d = pointwise_inputs(ins);
+  const Tensor out = writable_output(call, 0, shape_of(grad), d, {grad, output});
+  const int64_t cols = grad.ndim() > 0 ? grad.size(-1) : 1;
+  for_rows(call, ins, out, d, cols, [log](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
+    k.softmax_backward(v[0], v[1], o, n, log);
+  });
+}
+
+void softmax_backward_out(Call& call) { softmax_backward_impl(call, false); }
+void log_softmax_backward_out(Call& call) { softmax_backward_impl(call, true); }
+
+// ---------------------------------------------------------------------------
+// GEMM (float32): C[b] (+)= alpha * A[b] @ B[b] with A, B of any strides
+// (packed into panels), C contiguous. Tasks are (batch, 192-row, 512-col)
+// blocks of C.
+
+struct Matrix {
+  const float* data;
+  int64_t sb, sr, sc;  // batch, row, column strides in elements
+  float at(int64_t b, int64_t r, int64_t c) const { return data[b * sb + r * sr + c * sc]; }
+};
+
+constexpr int64_t kGemmMC = 16 * fast::kGemmMR;
+constexpr int64_t kGemmNC = 16 * fast::kGemmNR;
+
+// B[k0 : k0+kc, n0 : n0+nc] as panels of kGemmNR columns (k-major inside a
+// panel), zero-padded; reads along whichever dimension is contiguous.
+void pack_b(const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* out) {
+  constexpr int64_t NR = fast::kGemmNR;
+  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+    const int64_t nr = std::min(NR, nc - j0);
+    float* panel = out + j0 * kc;
+    const float* src = B.data + b * B.sb + k0 * B.sr + (n0 + j0) * B.sc;
+    if (B.sc == 1) {
+      for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * NR, src + p * B.sr, static_cast<size_t>(nr) * 4);
+    } else {  // column-major (a transposed operand): read each column in order
+      for (int64_t j = 0; j < nr; ++j)
+        for (int64_t p = 0; p < kc; ++p) panel[p * NR + j] = src[j * B.sc + p * B.sr];
+    }
+    if (nr < NR)
+      for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * NR + nr, panel + (p + 1) * NR, 0.f);
+  }
+}
+
+// A[m0 : m0+mc, k0 : k0+kc] as panels of kGemmMR rows, zero-padded.
+void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int64_t kc, float* out) {
+  constexpr int64_t MR = fast::kGemmMR;
+  for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+    const int64_t mr = std::min(MR, mc - i0);
+    float* panel = out + i0 * kc;
+    const float* src = A.data + b * A.sb + (m0 + i0) * A.sr + k0 * A.sc;
+    if (A.sr == 1) {  // column-major (a transposed operand)
+      for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * MR, src + p * A.sc, static_cast<size_t>(mr) * 4);
+    } else {
+      for (int64_t r = 0; r < mr; ++r)
+        for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = src[r * A.sr + p * A.sc];
+    }
+    if (mr < MR)
+      for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * MR + mr, panel + (p + 1) * MR, 0.f);
+  }
+}
+
+// GotoBLAS's loop order: per K slice, the task's A block (mc x kc) is packed
+// once and stays in L2; each B panel (kc x NR) stays in L1 while every A
+// panel of the block passes it.
+void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, const Matrix& A,
+          const Matrix& B, float* C, float alpha, bool add) {
+  const fast::Kernels& k = K(call);
+  const int64_t mblocks = (M + kGemmMC - 1) / kGemmMC, nblocks = (N + kGemmNC - 1) / kGemmNC;
+  call.parallel_for(0, batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> bpack(static_cast<size_t>(fast::kGemmKC * kGemmNC));
+    std::vector<float> apack(static_cast<size_t>(fast::kGemmKC * kGemmMC));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
+      const int64_t m0 = mb * kGemmMC, mc = std::min(kGemmMC, M - m0);
+      const int64_t n0 = nb * kGemmNC, nc = std::min(kGemmNC, N - n0);
+      float* Cb = C + b * M * N;
+      if (Kd == 0 && !add) {
+        for (int64_t r = 0; r < mc; ++r) std::fill(Cb + (m0 + r) * N + n0, Cb + (m0 + r) * N + n0 + nc, 0.f);
+      }
+      for (int64_t k0 = 0; k0 < Kd; k0 += fast::kGemmKC) {
+        const int64_t kc = std::min(fast::kGemmKC, Kd - k0);
+        pack_b(B, b, k0, kc, n0, nc, bpack.data());
+        pack_a(A, b, m0, mc, k0, kc, apack.data());
+        for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
+          for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
+            k.gemm_tile(kc, apack.data() + i0 * kc, bpack.data() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
+                        std::min(fast::kGemmMR, mc - i0), std::min(fast::kGemmNR, nc - j0), alpha,
+                        add || k0 > 0);
+          }
+        }
+      }
+    }
+  });
+}
+
+Matrix matrix(const Tensor& t) {
+  const float* data = static_cast<const float*>(t.data_ptr());
+  if (t.ndim() == 2) return {data, 0, t.stride(0), t.stride(1)};
+  return {data, t.stride(0), t.stride(1), t.stride(2)};
+}
+
+float* f32_data(const Tensor& t) { return static_cast<float*>(t.data_ptr()); }
+
+bool gemm_operand(const Tensor& t, Dt d, int64_t ndim) { return !t.is_cpu() && is(t, d) && t.ndim() == ndim; }
+
+// bfloat16 GEMMs are left to the CPU: its oneDNN kernels use the AMX/VNNI
+// bfloat16 units (measured 13x faster than this float32 GEMM at 1024^3).
+bool gemm_dtype(const Tensor& t, Dt* d) { return dtype_of(t, d) && *d == Dt::f32; }
+
+void mm_out(Call& call) {
+  const Tensor a = call.tensor(0), b = call.tensor(1);
+  Dt d;
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0))
+    throw Declined{};
+  const Tensor out = writable_output(call, 0, {a.size(0), b.size(1)}, d, {a, b});
+  if (out.numel() == 0) return;
+  gemm(call, 1, a.size(0), b.size(1), a.size(1), matrix(a), matrix(b), f32_data(out), 1.f, false);
+}
+
+void bmm_out(Call& call) {
+  const Tensor a = call.tensor(0), b = call.tensor(1);
+  Dt d;
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 3) || !gemm_operand(b, d, 3) || a.size(0) != b.size(0) ||
+      a.size(2) != b.size(1))
+    throw Declined{};
+  const Tensor out = writable_output(call, 0, {a.size(0), a.size(1), b.size(2)}, d, {a, b});
+  if (out.numel() == 0) return;
+  gemm(call, a.size(0), a.size(1), b.size(2), a.size(2), matrix(a), matrix(b), f32_data(out), 1.f,
+       false);
+}
+
+// addmm.out(self, mat1, mat2, *, beta, alpha, out) = beta * self + alpha * mat1 @ mat2
+void addmm_out(Call& call) {
+  const Tensor self = call.tensor(0), a = call.tensor(1), b = call.tensor(2);
+  const float beta = static_cast<float>(call.real(3)), alpha = static_cast<float>(call.real(4));
+  Dt d;
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0) ||
+      self.is_cpu() || !is(self, d) || self.ndim() > 2)
+    throw Declined{};
+  const int64_t M = a.size(0), N = b.size(1);
+  // self broadcasts to [M, N]
+  int64_t s_r = 0, s_c = 0;
+  if (self.ndim() == 2) {
+    if ((self.size(0) != M && self.size(0) != 1) || (self.size(1) != N && self.size(1) != 1)) throw Declined{};
+    s_r = self.size(0) == 1 ? 0 : self.stride(0);
+    s_c = self.size(1) == 1 ? 0 : self.stride(1);
+  } else if (self.ndim() == 1) {
+    if (self.size(0) != N && self.size(0) != 1) throw Declined{};
+    s_c = self.size(0) == 1 ? 0 : self.stride(0);
+  }
+  const Tensor out = writable_output(call, 0, {M, N}, d, {self, a, b});
+  if (out.numel() == 0) return;
+  const Matrix bias{static_cast<const float*>(self.data_ptr()), 0, s_r, s_c};
+  float* c = f32_data(out);
+  const bool add = beta != 0.f;  // beta == 0: self is ignored (NaN included), as in PyTorch
+  if (add) {
+    // When out is self (addmm_), each element is read before it is written.
+    call.parallel_for(0, M, std::max<int64_t>(1, kGrain / std::max<int64_t>(N, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t j = 0; j < N; ++j) c[r * N + j] = beta * bias.at(0, r, j);
+    });
+  }
+  gemm(call, 1, M, N, a.size(1), matrix(a), matrix(b), c, alpha, add);
+}
+
+}  // namespace
+
+#define F32 MAXDEV_DTYPE_FLOAT32
+#define BF16 MAXDEV_DTYPE_BFLOAT16
+#define FLOATS (F32 | BF16)
+#define CONTIG MAXDEV_KERNEL_CONTIGUOUS_ONLY
+#define NOCPU MAXDEV_KERNEL_NO_CPU_TENSORS
+
+#define FAST_KERNELS(K)                                                                        \
+  K("aten::add.out", "", MAXDEV_SDK_KERNEL(add_out), 0, 0)                                     \
+  K("aten::sub.out", "", MAXDEV_SDK_KERNEL(sub_out), 0, 0)                                     \
+  K("aten::mul.out", "", MAXDEV_SDK_KERNEL(mul_out), 0, 0)                                     \
+  K("aten::div.out", "", MAXDEV_SDK_KERNEL(div_out), 0, 0)                                     \
+  K("aten::relu", "", MAXDEV_SDK_KERNEL(relu), FLOATS, CONTIG | NOCPU)                         \
+  K("aten::relu_", "", MAXDEV_SDK_KERNEL(relu_), FLOATS, CONTIG | NOCPU)                       \
+  K("aten::relu.out", "", MAXDEV_SDK_KERNEL(relu_out), FLOATS, NOCPU)                          \
+  K("aten::threshold_backward.grad_input", "", MAXDEV_SDK_KERNEL(threshold_backward_out), FLOATS, NOCPU) \
+  K("aten::gelu.out", "", MAXDEV_SDK_KERNEL(gelu_out), FLOATS, NOCPU)                          \
+  K("aten::gelu_backward.grad_input", "", MAXDEV_SDK_KERNEL(gelu_backward_out), FLOATS, NOCPU) \
+  K("aten::sum.IntList_out", "", MAXDEV_SDK_KERNEL(sum_out), FLOATS, NOCPU)                    \
+  K("aten::mean.out", "", MAXDEV_SDK_KERNEL(mean_out), FLOATS, NOCPU)                          \
+  K("aten::_softmax.out", "", MAXDEV_SDK_KERNEL(softmax_out), FLOATS, NOCPU)                   \
+  K("aten::_log_softmax.out", "", MAXDEV_SDK_KERNEL(log_softmax_out), FLOATS, NOCPU)           \
+  K("aten::_softmax_backward_data.out", "", MAXDEV_SDK_KERNEL(softmax_backward_out), FLOATS, NOCPU) \
+  K("aten::_log_softmax_backward_data.out", "", MAXDEV_SDK_KERNEL(log_softmax_backward_out), FLOATS, NOCPU) \
+  K("aten::mm.out", "", MAXDEV_SDK_KERNEL(mm_out), F32, NOCPU)                                 \
+  K("aten::addmm.out", "", MAXDEV_SDK_KERNEL(addmm_out), F32, NOCPU)                           \
+  K("aten::bmm.out", "", MAXDEV_SDK_KERNEL(bmm_out), F32, NOCPU)
+
+MAXDEV_DEFINE_PLUGIN("fast", "1.0.0", FAST_KERNELS, init, teardown)

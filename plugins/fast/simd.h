@@ -1,0 +1,55 @@
+// The fast plugin's compute kernels: plain functions over contiguous float
+// rows, compiled once per instruction set (simd_kernels.cpp, built as
+// AVX-512, AVX2+FMA and baseline objects) and picked at load time by what
+// the CPU supports. Threading and argument checks live in fast.cpp; these
+// run on one thread over the range they are given.
+#ifndef MAX_DEVICE_FAST_SIMD_H_
+#define MAX_DEVICE_FAST_SIMD_H_
+
+#include <cstdint>
+
+namespace fast {
+
+enum class BinaryOp : int { kAdd, kSub, kMul, kDiv };
+
+// GEMM blocking: C[MR x NR] tiles, K in KC slices, packed panels.
+constexpr int64_t kGemmMR = 12;
+constexpr int64_t kGemmNR = 32;
+constexpr int64_t kGemmKC = 128;
+
+struct Kernels {
+  const char* isa;
+  // out[i] = a[i * a_step] op alpha * b[i * b_step]; a step is 0 (a scalar
+  // operand) or 1. alpha applies to add and sub only.
+  void (*binary)(BinaryOp op, const float* a, int64_t a_step, const float* b, int64_t b_step,
+                 float alpha, float* out, int64_t n);
+  void (*relu)(const float* in, float* out, int64_t n);
+  // grad_in = x > threshold ? grad : 0 (threshold_backward).
+  void (*threshold_backward)(const float* grad, const float* x, float threshold, float* out,
+                             int64_t n);
+  void (*gelu)(const float* in, float* out, int64_t n, bool tanh_approx);
+  void (*gelu_backward)(const float* grad, const float* x, float* out, int64_t n,
+                        bool tanh_approx);
+  float (*sum)(const float* in, int64_t n);
+  // acc[i] += in[i]
+  void (*accumulate)(float* acc, const float* in, int64_t n);
+  void (*scale)(float* data, float factor, int64_t n);
+  // One row of (log_)softmax and its backward (out: the forward's output).
+  void (*softmax)(const float* in, float* out, int64_t n, bool log);
+  void (*softmax_backward)(const float* grad, const float* out, float* grad_in, int64_t n,
+                           bool log);
+  void (*bf16_to_f32)(const uint16_t* in, float* out, int64_t n);
+  void (*f32_to_bf16)(const float* in, uint16_t* out, int64_t n);
+  // C[mr x nr] (+)= alpha * A_panel * B_panel over k, for packed panels
+  // (A: k x MR, B: k x NR); `add`: accumulate into C, else overwrite.
+  void (*gemm_tile)(int64_t k, const float* a_panel, const float* b_panel, float* c, int64_t ldc,
+                    int64_t mr, int64_t nr, float alpha, bool add);
+};
+
+const Kernels& kernels_avx512();
+const Kernels& kernels_avx2();
+const Kernels& kernels_baseline();
+
+}  // namespace fast
+
+#endif  // MAX_DEVICE_FAST_SIMD_H_

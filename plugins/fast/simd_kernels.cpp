@@ -1,0 +1,430 @@
+// The fast plugin's compute kernels (see simd.h), written once with GCC/Clang
+// vector extensions and compiled three times (plugins/fast/CMakeLists.txt):
+// FAST_ISA=avx512 (-mavx512f ...), avx2 (-mavx2 -mfma), baseline. Each copy
+// lives in its own namespace and includes no C++ library templates, so no
+// inline function compiled for one instruction set can be merged into
+// another copy by the linker.
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "simd.h"
+
+#if !defined(FAST_ISA)
+#error "FAST_ISA must be avx512, avx2 or baseline"
+#endif
+
+#define FAST_CAT2_(a, b) a##b
+#define FAST_CAT_(a, b) FAST_CAT2_(a, b)
+
+namespace fast {
+namespace FAST_CAT_(isa_, FAST_ISA) {
+namespace {
+
+constexpr int64_t W = 16;  // floats per vector (two ymm or four xmm where narrower)
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef float vf_u __attribute__((vector_size(64), aligned(4)));  // unaligned loads/stores
+
+inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
+// A broadcast (vf{} + x would add 0.0 first: -0.0 + 0.0 is not -0.0).
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+inline float hsum(vf v) {
+  float s = 0.f;
+  for (int i = 0; i < W; ++i) s += v[i];
+  return s;
+}
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < W; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// Outputs of at least this many bytes bypass the cache (streaming stores):
+// they would only evict the inputs.
+constexpr int64_t kStreamBytes = int64_t{4} << 20;
+
+// Stores a whole vector, streaming where asked and supported (p aligned).
+inline void store_out(float* p, vf v, bool stream) {
+#if defined(__AVX512F__)
+  if (stream) {
+    _mm512_stream_ps(p, reinterpret_cast<__m512>(v));
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  store(p, v);
+}
+
+inline void stream_fence(bool stream) {
+#if defined(__AVX512F__)
+  if (stream) _mm_sfence();
+#else
+  (void)stream;
+#endif
+}
+
+// Runs f(i, vector, stream) over [0, n): single elements until out is
+// 64-byte aligned when streaming, then whole vectors, then a tail of single
+// elements.
+template <typename F>
+inline void for_vectors(float* out, int64_t n, F f) {
+  const bool stream = n * 4 >= kStreamBytes;
+  int64_t i = 0;
+  if (stream) {
+    while (i < n && (reinterpret_cast<uintptr_t>(out + i) & 63) != 0) f(i++, false, false);
+  }
+  for (; i + W <= n; i += W) f(i, true, stream);
+  for (; i < n; ++i) f(i, false, false);
+  stream_fence(stream);
+}
+
+// exp(x), relative error ~2e-7 over float's range (Cephes' polynomial after
+// reducing x = n ln2 + r); below the smallest subnormal -> 0 (so exp(-inf)
+// is 0), overflow -> inf, NaN -> NaN.
+inline vf vexp(vf x0) {
+  const vf hi = splat(88.7228f), lo = splat(-103.97f);
+  vf x = vmin(vmax(x0, lo), hi);
+  const vf shifter = splat(12582912.f);  // 1.5 * 2^23: rounds to nearest
+  vf t = x * 1.44269504088896341f + shifter;
+  const vf n = t - shifter;
+  vf r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  // 2^n in two halves so n down to -150 stays representable (subnormals).
+  const vi ni = __builtin_convertvector(n, vi);
+  const vi n1 = ni >> 1, n2 = ni - n1;
+  vi b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  vf s1, s2;
+  std::memcpy(&s1, &b1, sizeof s1);
+  std::memcpy(&s2, &b2, sizeof s2);
+  vf result = p * s1 * s2;
+  result = x0 > hi ? splat(__builtin_inff()) : result;
+  result = x0 < lo ? splat(0.f) : result;
+  return x0 != x0 ? x0 : result;
+}
+inline float sexp(float x) { return vexp(splat(x))[0]; }
+
+// 1 / d to float precision: a division is ~10x the cost of a multiply, so
+// AVX-512 takes its 14-bit reciprocal estimate and one Newton step.
+inline vf vrecip(vf d) {
+#if defined(__AVX512F__)
+  const vf r = reinterpret_cast<vf>(_mm512_maskz_rcp14_ps(0xffff, reinterpret_cast<__m512>(d)));
+  return r * (2.f - d * r);
+#else
+  return 1.f / d;
+#endif
+}
+
+// erf(x), absolute error < 2e-7 (Abramowitz & Stegun 7.1.26).
+inline vf verf(vf x) {
+  const vf ax = vmax(x, -x);
+  const vf t = vrecip(1.f + 0.3275911f * ax);
+  vf p = splat(1.061405429f);
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const vf y = 1.f - p * t * vexp(-ax * ax);
+  return x < 0.f ? -y : y;
+}
+
+inline vf vtanh(vf x) {
+  // 1 - 2 / (exp(2x) + 1), with small |x| by its series (no cancellation).
+  const vf e = vexp(2.f * vmin(vmax(x, splat(-20.f)), splat(20.f)));
+  const vf big = 1.f - 2.f * vrecip(e + 1.f);
+  const vf x2 = x * x;
+  const vf small = x * (1.f + x2 * (-1.f / 3 + x2 * (2.f / 15 + x2 * (-17.f / 315))));
+  const vf ax = vmax(x, -x);
+  return ax < 0.125f ? small : big;
+}
+
+constexpr float kSqrt1_2 = 0.70710678118654752f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float k2OverSqrtPi = 1.12837916709551257f;
+
+inline vf gelu_v(vf x, bool tanh_approx) {
+  if (tanh_approx) {
+    const vf inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.f + vtanh(inner));
+  }
+  return 0.5f * x * (1.f + verf(x * kSqrt1_2));
+}
+
+inline vf gelu_grad_v(vf g, vf x, bool tanh_approx) {
+  if (tanh_approx) {
+    const vf x2 = x * x;
+    const vf inner = kSqrt2OverPi * (x + 0.044715f * x2 * x);
+    const vf t = vtanh(inner);
+    const vf dinner = kSqrt2OverPi * (1.f + 3.f * 0.044715f * x2);
+    return g * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * dinner);
+  }
+  const vf cdf = 0.5f * (1.f + verf(x * kSqrt1_2));
+  const vf pdf = (k2OverSqrtPi * kSqrt1_2 * 0.5f) * vexp(-0.5f * x * x);
+  return g * (cdf + x * pdf);
+}
+
+// ---------------------------------------------------------------------------
+
+template <BinaryOp Op>
+inline vf apply(vf a, vf b, float alpha) {
+  switch (Op) {
+    case BinaryOp::kAdd: return a + alpha * b;
+    case BinaryOp::kSub: return a - alpha * b;
+    case BinaryOp::kMul: return a * b;
+    case BinaryOp::kDiv: return a / b;
+  }
+  return a;
+}
+
+template <BinaryOp Op>
+void binary_op(const float* a, int64_t as, const float* b, int64_t bs, float alpha, float* out,
+               int64_t n) {
+  // add/sub with alpha == 1 skip the multiply (exactly what the CPU computes).
+  const bool unit = alpha == 1.f;
+  for_vectors(out, n, [&](int64_t i, bool vec, bool stream) {
+    if (vec) {
+      const vf x = as != 0 ? load(a + i) : splat(a[0]);
+      const vf y = bs != 0 ? load(b + i) : splat(b[0]);
+      vf r;
+      if (unit && Op == BinaryOp::kAdd) r = x + y;
+      else if (unit && Op == BinaryOp::kSub) r = x - y;
+      else r = apply<Op>(x, y, alpha);
+      store_out(out + i, r, stream);
+    } else {
+      const float x = a[i * as], y = b[i * bs];
+      float r;
+      switch (Op) {
+        case BinaryOp::kAdd: r = unit ? x + y : x + alpha * y; break;
+        case BinaryOp::kSub: r = unit ? x - y : x - alpha * y; break;
+        case BinaryOp::kMul: r = x * y; break;
+        default: r = x / y; break;
+      }
+      out[i] = r;
+    }
+  });
+}
+
+void binary(BinaryOp op, const float* a, int64_t as, const float* b, int64_t bs, float alpha,
+            float* out, int64_t n) {
+  switch (op) {
+    case BinaryOp::kAdd: return binary_op<BinaryOp::kAdd>(a, as, b, bs, alpha, out, n);
+    case BinaryOp::kSub: return binary_op<BinaryOp::kSub>(a, as, b, bs, alpha, out, n);
+    case BinaryOp::kMul: return binary_op<BinaryOp::kMul>(a, as, b, bs, alpha, out, n);
+    case BinaryOp::kDiv: return binary_op<BinaryOp::kDiv>(a, as, b, bs, alpha, out, n);
+  }
+}
+
+void relu(const float* in, float* out, int64_t n) {
+  for_vectors(out, n, [&](int64_t i, bool vec, bool stream) {
+    if (vec) {
+      const vf x = load(in + i);
+      // NaN stays NaN, as in PyTorch (x > 0 is false for NaN; keep x then).
+      store_out(out + i, x < 0.f ? splat(0.f) : x, stream);
+    } else {
+      out[i] = in[i] < 0.f ? 0.f : in[i];
+    }
+  });
+}
+
+void threshold_backward(const float* grad, const float* x, float threshold, float* out,
+                        int64_t n) {
+  for_vectors(out, n, [&](int64_t i, bool vec, bool stream) {
+    if (vec) store_out(out + i, load(x + i) <= threshold ? splat(0.f) : load(grad + i), stream);
+    else out[i] = x[i] <= threshold ? 0.f : grad[i];
+  });
+}
+
+void gelu(const float* in, float* out, int64_t n, bool tanh_approx) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(out + i, gelu_v(load(in + i), tanh_approx));
+  for (; i < n; ++i) out[i] = gelu_v(splat(in[i]), tanh_approx)[0];
+}
+
+void gelu_backward(const float* grad, const float* x, float* out, int64_t n, bool tanh_approx) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(out + i, gelu_grad_v(load(grad + i), load(x + i), tanh_approx));
+  for (; i < n; ++i) out[i] = gelu_grad_v(splat(grad[i]), splat(x[i]), tanh_approx)[0];
+}
+
+float sum(const float* in, int64_t n) {
+  vf s0{}, s1{}, s2{}, s3{};
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    s0 += load(in + i);
+    s1 += load(in + i + W);
+    s2 += load(in + i + 2 * W);
+    s3 += load(in + i + 3 * W);
+  }
+  for (; i + W <= n; i += W) s0 += load(in + i);
+  float s = hsum((s0 + s1) + (s2 + s3));
+  for (; i < n; ++i) s += in[i];
+  return s;
+}
+
+void accumulate(float* acc, const float* in, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(acc + i, load(acc + i) + load(in + i));
+  for (; i < n; ++i) acc[i] += in[i];
+}
+
+void scale(float* data, float factor, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(data + i, load(data + i) * factor);
+  for (; i < n; ++i) data[i] *= factor;
+}
+
+float row_max(const float* in, int64_t n) {
+  float m = -__builtin_inff();
+  int64_t i = 0;
+  if (n >= W) {
+    vf vm = load(in);
+    for (i = W; i + W <= n; i += W) {
+      const vf x = load(in + i);
+      vm = (x > vm) | (x != x) ? x : vm;  // NaN propagates
+    }
+    m = hmax(vm);
+    for (int k = 0; k < W; ++k)
+      if (vm[k] != vm[k]) m = vm[k];
+  }
+  for (; i < n; ++i) m = in[i] > m || in[i] != in[i] ? in[i] : m;
+  return m;
+}
+
+float slog(float x) { return __builtin_logf(x); }
+
+void softmax(const float* in, float* out, int64_t n, bool log) {
+  // As on the CPU, a row whose max is infinite (all -inf, or +inf) comes
+  // out NaN: inf - inf.
+  const float shift = row_max(in, n);
+  vf vs{};
+  float s = 0.f;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vf e = vexp(load(in + i) - shift);
+    if (!log) store(out + i, e);
+    vs += e;
+  }
+  for (; i < n; ++i) {
+    const float e = sexp(in[i] - shift);
+    if (!log) out[i] = e;
+    s += e;
+  }
+  s += hsum(vs);
+  if (log) {
+    const float lse = shift + slog(s);
+    for (i = 0; i + W <= n; i += W) store(out + i, load(in + i) - lse);
+    for (; i < n; ++i) out[i] = in[i] - lse;
+  } else {
+    scale(out, 1.f / s, n);
+  }
+}
+
+void softmax_backward(const float* grad, const float* out, float* grad_in, int64_t n, bool log) {
+  vf vs{};
+  float s = 0.f;
+  int64_t i = 0;
+  if (log) {  // grad - exp(out) * sum(grad)
+    for (; i + W <= n; i += W) vs += load(grad + i);
+    for (; i < n; ++i) s += grad[i];
+    s += hsum(vs);
+    for (i = 0; i + W <= n; i += W) store(grad_in + i, load(grad + i) - vexp(load(out + i)) * s);
+    for (; i < n; ++i) grad_in[i] = grad[i] - sexp(out[i]) * s;
+  } else {  // out * (grad - sum(grad * out))
+    for (; i + W <= n; i += W) vs += load(grad + i) * load(out + i);
+    for (; i < n; ++i) s += grad[i] * out[i];
+    s += hsum(vs);
+    for (i = 0; i + W <= n; i += W) store(grad_in + i, load(out + i) * (load(grad + i) - s));
+    for (; i < n; ++i) grad_in[i] = out[i] * (grad[i] - s);
+  }
+}
+
+void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(out + i, &bits, 4);
+  }
+}
+
+void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, in + i, 4);
+    // round to nearest even; NaN stays a (quiet) NaN
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    out[i] = static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
+  }
+}
+
+// C tile (+)= alpha * A_panel (k x MR, MR floats per k) * B_panel (k x NR).
+void gemm_tile(int64_t k, const float* a, const float* b, float* c, int64_t ldc, int64_t mr,
+               int64_t nr, float alpha, bool add) {
+  constexpr int MR = static_cast<int>(kGemmMR);
+  // C's rows are far apart (ldc): start fetching them while the loop runs.
+  for (int64_t r = 0; r < mr; ++r) {
+    __builtin_prefetch(c + r * ldc, 1);
+    __builtin_prefetch(c + r * ldc + W, 1);
+  }
+  vf acc0[MR], acc1[MR];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = vf{};
+  for (int64_t p = 0; p < k; ++p) {
+    const vf b0 = load(b + p * kGemmNR), b1 = load(b + p * kGemmNR + W);
+    const float* ap = a + p * MR;
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const vf ar = splat(ap[r]);
+      acc0[r] += ar * b0;
+      acc1[r] += ar * b1;
+    }
+  }
+  if (mr == MR && nr == kGemmNR) {
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      float* cr = c + r * ldc;
+      if (add) {
+        store(cr, load(cr) + alpha * acc0[r]);
+        store(cr + W, load(cr + W) + alpha * acc1[r]);
+      } else {
+        store(cr, alpha * acc0[r]);
+        store(cr + W, alpha * acc1[r]);
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < mr; ++r) {
+    float* cr = c + r * ldc;
+    for (int64_t j = 0; j < nr; ++j) {
+      const float v = alpha * (j < W ? acc0[r][j] : acc1[r][j - W]);
+      cr[j] = add ? cr[j] + v : v;
+    }
+  }
+}
+
+}  // namespace
+
+const Kernels kTable = {
+    FAST_ISA_NAME, binary, relu, threshold_backward, gelu, gelu_backward, sum, accumulate, scale,
+    softmax, softmax_backward, bf16_to_f32, f32_to_bf16,
+    gemm_tile,
+};
+
+}  // namespace FAST_CAT_(isa_, FAST_ISA)
+
+const Kernels& FAST_CAT_(kernels_, FAST_ISA)() { return FAST_CAT_(isa_, FAST_ISA)::kTable; }
+
+}  // namespace fast
