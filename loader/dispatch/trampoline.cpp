@@ -100,7 +100,7 @@ class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
 
   Ret operator()(Args... args) {
     const OpSlot& slot = slot_.get();
-    c10::SmallVector<c10::IValue, sizeof...(Args)> boxed;  // inline: no heap allocation
+    c10::SmallVector<c10::IValue, sizeof...(Args)> boxed;  // inline: no heap-allocated Stack
     (boxed.emplace_back(args), ...);
     device::CurrentDeviceScope on_device(op_device_index(slot.op, boxed));
     Returns returns;
