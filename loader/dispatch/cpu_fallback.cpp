@@ -375,6 +375,99 @@ void fallback_via(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 }  // namespace
 
+namespace {
+
+// The out= overload a structured form's composite calls: an overload of the
+// same name (add for add_) with the form's arguments, in order and of the
+// same types, followed by written arguments only.
+std::optional<c10::OperatorName> structured_delegate(const c10::FunctionSchema& form,
+                                                     const std::vector<c10::OperatorHandle>& overloads) {
+  const auto& args = form.arguments();
+  std::optional<c10::OperatorName> found;
+  for (const auto& candidate : overloads) {
+    const auto& out_args = candidate.schema().arguments();
+    if (out_args.size() <= args.size()) continue;
+    bool match = true;
+    for (size_t i = 0; match && i < out_args.size(); ++i) {
+      match = i < args.size() ? out_args[i].name() == args[i].name() && *out_args[i].type() == *args[i].type()
+                              : is_write(out_args[i]) && out_args[i].kwarg_only();
+    }
+    if (!match) continue;
+    if (found) return std::nullopt;  // ambiguous: leave the form to the composite
+    found = candidate.operator_name();
+  }
+  return found;
+}
+
+class DirectFallbacks {
+ public:
+  DirectFallbacks() {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    std::unordered_map<std::string, std::vector<c10::OperatorHandle>> by_name;
+    std::vector<c10::OperatorHandle> forms;
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      const auto op = dispatcher.findOp(name);
+      if (!op) continue;
+      by_name[name.name].push_back(*op);
+      if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+          op->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        forms.push_back(*op);
+      }
+    }
+    for (const auto& form : forms) {
+      std::string base = form.operator_name().name;
+      if (base.back() == '_') base.pop_back();  // add_ -> add
+      const auto delegate = structured_delegate(form.schema(), by_name[base]);
+      if (!delegate) continue;
+      const std::string name = c10::toString(form.operator_name());
+      by_op_.emplace(name, c10::Dispatcher::singleton().registerImpl(
+                               form.operator_name(), c10::DispatchKey::PrivateUse1,
+                               c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(), std::nullopt,
+                               nullptr, "max_device direct CPU fallback"));
+      forms_of_[c10::toString(*delegate)].push_back(name);
+    }
+  }
+
+  std::vector<std::string> ops() {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> out;
+    for (const auto& [name, handle] : by_op_) out.push_back(name);
+    return out;
+  }
+
+  bool has(const std::string& op) {
+    std::lock_guard lock(mutex_);
+    return by_op_.count(op) != 0;
+  }
+
+  void end(const std::string& op) {
+    std::lock_guard lock(mutex_);
+    by_op_.erase(op);
+    if (auto it = forms_of_.find(op); it != forms_of_.end()) {
+      for (const auto& form : it->second) by_op_.erase(form);
+      forms_of_.erase(it);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, c10::RegistrationHandleRAII> by_op_;           // form -> its registration
+  std::unordered_map<std::string, std::vector<std::string>> forms_of_;  // "aten::add.out" -> add.Tensor, add_.Tensor
+};
+
+DirectFallbacks& direct_fallbacks() {
+  static DirectFallbacks instance;
+  return instance;
+}
+
+}  // namespace
+
+std::vector<std::string> direct_fallback_ops() { return direct_fallbacks().ops(); }
+bool is_direct_fallback(const std::string& op) { return direct_fallbacks().has(op); }
+void end_direct_fallbacks(const std::string& op) { direct_fallbacks().end(op); }
+
 void register_fallback(torch::Library& m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
 }
@@ -388,6 +481,7 @@ void register_cpu_kernel_routes(torch::Library& m) {
   // the CPU's layer-norm kernel instead, so a model computes what it
   // computes on the CPU, bit for bit.
   m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
+  direct_fallbacks();
 }
 
 }  // namespace maxdev::dispatch

@@ -52,4 +52,20 @@ void set_fallback_impl(FallbackImpl impl);
 // a profiler range "max_device: <op> <- cpu fallback".
 void fall_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKernel cpu_kernel = nullptr);
 
+// Direct fallbacks. The functional and in-place forms of PyTorch's
+// structured ops (add.Tensor, add_.Tensor) reach a device with no kernel of
+// its own through a composite: it computes the output's shape, allocates it
+// on the device and calls the out= form (add.out), which falls back. While
+// no max_device provider serves the form or its out= op, max_device sends
+// the form itself to the CPU fallback: one dispatch, no device allocation,
+// the shape computed once, the CPU's own kernel for that form.
+//
+// The forms that have one (every structured form whose out= op is known).
+std::vector<std::string> direct_fallback_ops();
+bool is_direct_fallback(const std::string& op);
+// Before a provider serves `op`: ends the direct fallback of `op` and of
+// every form computed by `op`, for good, so calls reach the provider
+// (through PyTorch's composite, for the forms).
+void end_direct_fallbacks(const std::string& op);
+
 }  // namespace maxdev::dispatch

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "dispatch/cpu_fallback.h"
 #include "dispatch/epoch.h"
 #include "dispatch/trampoline.h"
 
@@ -109,7 +110,7 @@ OpTable::Checked OpTable::validate(const std::string& op) const {
   const auto [name, overload] = split_name(op);
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!handle) throw std::invalid_argument("is not an operator PyTorch knows (no schema named " + op + ")");
-  if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+  if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) && !is_direct_fallback(op)) {
     throw std::invalid_argument("already has a PrivateUse1 kernel registered outside max_device");
   }
   auto plan = plan_signature(handle->schema());
@@ -131,6 +132,7 @@ OpSlot& OpTable::slot(const std::string& op) {
     if (!s->retired && s->name == op) return *s;
   }
   Checked checked = validate(op);
+  end_direct_fallbacks(op);
   auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
   slot->has_cpu_kernel = checked.handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
   slot->composite_implicit = checked.handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);

@@ -328,6 +328,8 @@ void bind_plugins(py::module_& m) {
     for (const auto* slot : dispatch::OpTable::instance().slots()) names.push_back(slot->name);
     return names;
   });
+  // Structured forms sent straight to the CPU fallback (dispatch/cpu_fallback.h).
+  m.def("_direct_fallback_ops", &dispatch::direct_fallback_ops);
   m.def("_set_kernel_checks", &dispatch::set_kernel_checks);
   m.def("_kernel_checks", &dispatch::kernel_checks);
   m.def("_list_ops", [] {
