@@ -72,7 +72,7 @@ def test_errors_are_the_cpu_kernels():
     try:
         x.hypot_(torch.ones(2, 3, 4, device=DEVICE))  # an in-place result cannot broadcast
     except RuntimeError:
-        time.sleep(0.001)
+        pass
     assert torch.equal(x.cpu(), before)
 
 
