@@ -43,19 +43,24 @@ class FallbackRegistry {
     if (const char* env = std::getenv("MAX_DEVICE_FALLBACK")) configure(env);
   }
 
-  // Fast path: one shared lock and a hash lookup on the operator's address.
+  // Fast path, on every fallback call: a lock-free probe of an
+  // open-addressing table keyed by the operator's address. Entries are
+  // added under the lock and never removed.
   OpEntry& entry(const c10::OperatorHandle& op) {
     const void* key = &op.operator_name();
-    {
-      std::shared_lock lock(mutex_);
-      if (auto it = by_key_.find(key); it != by_key_.end()) return *it->second;
-    }
+    if (OpEntry* e = find(key)) return *e;
     std::unique_lock lock(mutex_);
+    if (OpEntry* e = find(key)) return *e;
     const auto& name = op.operator_name();
     OpEntry& e = named(c10::toString(name));
     if (!name.overload_name.empty()) e.base = &named(name.name);
-    by_key_.emplace(key, &e);
-    return e;
+    for (size_t i = home(key), probes = 0; probes < kSlots; i = (i + 1) % kSlots, ++probes) {
+      if (slots_[i].key.load(std::memory_order_relaxed) != nullptr) continue;
+      slots_[i].entry.store(&e, std::memory_order_relaxed);
+      slots_[i].key.store(key, std::memory_order_release);  // publishes the entry
+      return e;
+    }
+    return e;  // more ops than slots (none of PyTorch's builds): found by name under the lock
   }
 
   void set_override(const std::string& op, std::optional<FallbackPolicy> policy) {
@@ -105,9 +110,26 @@ class FallbackRegistry {
     return *slot;
   }
 
+  static constexpr size_t kSlots = 8192;  // PyTorch defines ~3,600 aten overloads
+  struct Slot {
+    std::atomic<const void*> key{nullptr};
+    std::atomic<OpEntry*> entry{nullptr};
+  };
+  static size_t home(const void* key) {
+    return static_cast<size_t>((reinterpret_cast<uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull >> 51) % kSlots;
+  }
+  OpEntry* find(const void* key) {
+    for (size_t i = home(key), probes = 0; probes < kSlots; i = (i + 1) % kSlots, ++probes) {
+      const void* k = slots_[i].key.load(std::memory_order_acquire);
+      if (k == key) return slots_[i].entry.load(std::memory_order_relaxed);
+      if (k == nullptr) break;
+    }
+    return nullptr;
+  }
+
   std::shared_mutex mutex_;
   std::unordered_map<std::string, std::unique_ptr<OpEntry>> by_name_;
-  std::unordered_map<const void*, OpEntry*> by_key_;
+  std::unique_ptr<Slot[]> slots_ = std::make_unique<Slot[]>(kSlots);
 };
 
 FallbackRegistry& registry() {

@@ -13,9 +13,15 @@ does not lower (extern kernels such as mm/addmm/bmm, fallbacks, plugin
 custom ops) are called through the dispatcher at run time, so they reach
 whatever plugin serves them then. ``invalidate()`` (torch._dynamo.reset())
 drops every compiled graph so the next call recompiles.
+
+Inductor's caches (FX graph, AOTAutograd) key on torch's own sources, not on
+a device's codegen: ``register`` adds a digest of this module to
+``torch.compiler.config.cache_key_tag``, so a cache filled by another
+max_device version never serves its code here.
 """
 
 import functools
+import hashlib
 import os
 
 import torch
@@ -304,10 +310,21 @@ def invalidate() -> None:
     torch._dynamo.reset()
 
 
+@functools.cache
+def codegen_cache_tag() -> str:
+    """"max_device-codegen-<digest of this module>", part of every Inductor
+    cache key in this process."""
+    with open(__file__, "rb") as f:
+        return f"max_device-codegen-{hashlib.sha256(f.read()).hexdigest()[:16]}"
+
+
 def register(device_type: str) -> None:
     """Register `device_type` (max_device's name) with dynamo and as a
     torch.compile backend; idempotent. Inductor finds its codegen through the
     device module (inductor_codegen)."""
+    tags = torch.compiler.config.cache_key_tag.split()  # the user's own tag stays
+    if codegen_cache_tag() not in tags:
+        torch.compiler.config.cache_key_tag = " ".join([*tags, codegen_cache_tag()])
     from torch._dynamo.device_interface import register_interface_for_device
     for name in (device_type, *(f"{device_type}:{i}" for i in range(device_count()))):
         register_interface_for_device(name, dynamo_interface())

@@ -10,8 +10,9 @@ runs for a max_device tensor, in the order PyTorch's dispatcher picks it:
   (factories, views, copies), or a route to the CPU fallback registered on
   the device so that it wins over a composite (``native_layer_norm``);
 - ``composite``: a composite kernel that decomposes it into other ops;
-- ``fallback``: PyTorch's CPU kernel through the zero-copy fallback,
-  directly or through the ``.out`` kernel it delegates to;
+- ``fallback``: PyTorch's CPU kernel through the zero-copy fallback:
+  directly (a structured form runs its own CPU kernel while nothing serves
+  it or its ``.out`` op), or through the ``.out`` kernel it delegates to;
 - ``none``: no kernel anywhere: a call fails.
 """
 
@@ -88,8 +89,9 @@ def core_op_coverage(*plugins) -> CoverageReport:
     delegate_of = {variant: out for out, variants in _delegates().items() for variant in variants}
     # max_device's own PrivateUse1 kernels: the loader's trampolines register
     # on the same key (and stay after their last provider leaves)
+    direct = set(_C._direct_fallback_ops())
     device_kernels = set(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")) \
-        - set(_C._trampoline_ops())
+        - set(_C._trampoline_ops()) - direct
 
     ops, providers = {}, {}
     for op in core_ops():
@@ -98,6 +100,8 @@ def core_op_coverage(*plugins) -> CoverageReport:
             ops[op], providers[op] = "plugin", served[op]
         elif delegate in served:
             ops[op], providers[op] = "plugin", f"{served[delegate]} via {delegate}"
+        elif op in direct:
+            ops[op] = "fallback"
         elif delegate is not None:  # the structured composite calls the .out op, which falls back
             ops[op], providers[op] = "fallback", f"via {delegate}"
         elif op in device_kernels:

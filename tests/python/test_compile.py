@@ -10,6 +10,7 @@ loss bit for bit, gradients within 1.2e-7). Each Inductor compilation runs g++; 
 small (one tiny GPT, reused shapes) and cache under a per-session directory.
 """
 
+import hashlib
 import os
 import shutil
 import sys
@@ -128,6 +129,29 @@ def test_inductor_generates_cpp_kernels_and_allocates_on_max_device():
         assert "cpp_fused" in code                                  # a generated C++ kernel
         assert "empty_strided_cpu(" not in code.split("def call")[1]  # no CPU buffers
         assert "device='max_device'" in code and "extern_kernels.mm" in code
+
+
+def test_inductor_caches_are_keyed_on_max_devices_codegen():
+    """Inductor keys its caches on torch's sources only: a cache filled under
+    another max_device codegen (another version of compile.py) must not serve
+    its code here."""
+    from max_device.compile import codegen_cache_tag
+    with open(max_device.compile.__file__, "rb") as f:
+        assert codegen_cache_tag() == f"max_device-codegen-{hashlib.sha256(f.read()).hexdigest()[:16]}"
+    tag = torch.compiler.config.cache_key_tag
+    assert codegen_cache_tag() in tag.split()
+    x = torch.randn(8, device=DEVICE)
+
+    def compiled_misses(cache_key_tag):
+        torch._dynamo.reset()
+        counters.clear()
+        with torch.compiler.config.patch(cache_key_tag=cache_key_tag):
+            torch.compile(lambda t: (t * 3).relu(), fullgraph=True)(x)
+        return counters["inductor"]["fxgraph_cache_miss"]
+
+    compiled_misses(tag)  # fills the cache
+    assert compiled_misses(tag) == 0  # the same codegen: served from the cache
+    assert compiled_misses(tag.replace(codegen_cache_tag(), "max_device-codegen-0123456789abcdef")) == 1
 
 
 def test_invalidate_drops_compiled_graphs():
