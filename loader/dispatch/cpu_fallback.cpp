@@ -448,7 +448,10 @@ class DirectFallbacks {
                                form.operator_name(), c10::DispatchKey::PrivateUse1,
                                c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(), std::nullopt,
                                nullptr, "max_device direct CPU fallback"));
-      forms_of_[c10::toString(*delegate)].push_back(name);
+      const std::string out = c10::toString(*delegate);
+      auto it = forms_of_.find(out);
+      if (it == forms_of_.end()) it = forms_of_.emplace(out, Delegate{*dispatcher.findOp(*delegate), {}}).first;
+      it->second.forms.push_back(name);
     }
   }
 
@@ -466,17 +469,37 @@ class DirectFallbacks {
 
   void end(const std::string& op) {
     std::lock_guard lock(mutex_);
+    end_locked(op);
+  }
+
+  void refresh() {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> served;
+    for (const auto& [out, delegate] : forms_of_) {
+      if (delegate.op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) served.push_back(out);
+    }
+    for (const auto& out : served) end_locked(out);
+  }
+
+ private:
+  void end_locked(const std::string& op) {
     by_op_.erase(op);
     if (auto it = forms_of_.find(op); it != forms_of_.end()) {
-      for (const auto& form : it->second) by_op_.erase(form);
+      for (const auto& form : it->second.forms) by_op_.erase(form);
       forms_of_.erase(it);
     }
   }
 
+ public:
+
  private:
   std::mutex mutex_;
   std::unordered_map<std::string, c10::RegistrationHandleRAII> by_op_;           // form -> its registration
-  std::unordered_map<std::string, std::vector<std::string>> forms_of_;  // "aten::add.out" -> add.Tensor, add_.Tensor
+  struct Delegate {
+    c10::OperatorHandle op;          // aten::add.out
+    std::vector<std::string> forms;  // aten::add.Tensor, aten::add_.Tensor
+  };
+  std::unordered_map<std::string, Delegate> forms_of_;
 };
 
 DirectFallbacks& direct_fallbacks() {
@@ -489,6 +512,7 @@ DirectFallbacks& direct_fallbacks() {
 std::vector<std::string> direct_fallback_ops() { return direct_fallbacks().ops(); }
 bool is_direct_fallback(const std::string& op) { return direct_fallbacks().has(op); }
 void end_direct_fallbacks(const std::string& op) { direct_fallbacks().end(op); }
+void refresh_direct_fallbacks() { direct_fallbacks().refresh(); }
 
 void register_fallback(torch::Library& m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());

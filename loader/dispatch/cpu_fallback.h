@@ -67,5 +67,9 @@ bool is_direct_fallback(const std::string& op);
 // every form computed by `op`, for good, so calls reach the provider
 // (through PyTorch's composite, for the forms).
 void end_direct_fallbacks(const std::string& op);
+// Ends the direct fallbacks that would hide a kernel registered on the
+// device key outside max_device (torch.library, TORCH_LIBRARY_IMPL) for a
+// form's out= op. The Python package calls it after such registrations.
+void refresh_direct_fallbacks();
 
 }  // namespace maxdev::dispatch

@@ -330,6 +330,7 @@ void bind_plugins(py::module_& m) {
   });
   // Structured forms sent straight to the CPU fallback (dispatch/cpu_fallback.h).
   m.def("_direct_fallback_ops", &dispatch::direct_fallback_ops);
+  m.def("_refresh_direct_fallbacks", &dispatch::refresh_direct_fallbacks);
   m.def("_set_kernel_checks", &dispatch::set_kernel_checks);
   m.def("_kernel_checks", &dispatch::kernel_checks);
   m.def("_list_ops", [] {

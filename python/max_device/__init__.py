@@ -26,7 +26,8 @@ from .errors import (AbiMismatchError, BadImageError, DistributedReloadError, Ha
                      InconsistentPluginsError, KernelError, ManifestError, PluginBusyError, PluginError,
                      PluginNotFoundError, PluginStateError, SchemaError, SnapshotError, UntrustedPluginError)
 from .discovery import InstalledPlugin, available_plugins
-from .fallback import fallback_counts, fallback_policy, reset_fallback_counts, set_fallback_policy
+from .fallback import (fallback_counts, fallback_policy, install_registration_hooks as _install_registration_hooks,
+                       reset_fallback_counts, set_fallback_policy)
 from .overrides import Override, override, restore
 from .validation import ValidationError
 from .watch import Watch, watch
@@ -41,6 +42,7 @@ _register_device(DEVICE_NAME)
 _exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
 _install_sharing()
 _register_distributed()
+_install_registration_hooks()
 
 
 def _register_compile():

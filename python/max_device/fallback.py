@@ -8,6 +8,7 @@ the environment variable ``MAX_DEVICE_FALLBACK`` read at import, e.g.
 ``MAX_DEVICE_FALLBACK=warn,aten::mm=error``.
 """
 
+import functools
 from typing import Dict, Optional
 
 import torch
@@ -66,3 +67,28 @@ def _qualified(op: str) -> str:
 
 def _op_names():
     return torch._C._dispatch_get_all_op_names()
+
+
+def _refreshing_direct_fallbacks(register):
+    @functools.wraps(register)
+    def registering(*args, **kwargs):
+        try:
+            return register(*args, **kwargs)
+        finally:
+            _C._refresh_direct_fallbacks()
+
+    registering.max_device_refreshes = True
+    return registering
+
+
+def install_registration_hooks() -> None:
+    """A kernel someone registers on the max_device key for an out= op
+    (``torch.library.impl("aten::add.out", "max_device")``, or a C++
+    TORCH_LIBRARY_IMPL loaded with ``torch.ops.load_library``) ends the
+    direct fallbacks of the forms PyTorch computes with it, so
+    ``torch.add(a, b)`` reaches it through PyTorch's composite as on any
+    device. Idempotent."""
+    for owner, name in ((torch.library.Library, "impl"), (torch._ops._Ops, "load_library")):
+        register = getattr(owner, name)
+        if not getattr(register, "max_device_refreshes", False):
+            setattr(owner, name, _refreshing_direct_fallbacks(register))

@@ -139,3 +139,28 @@ def test_ending_a_direct_fallback_while_other_threads_call_the_form():
         t.join()
     assert errors == []
     assert "aten::copysign" not in _C._direct_fallback_ops()
+
+
+def test_a_torch_library_kernel_for_the_out_op_is_reached_by_the_forms():
+    """The RFC-0046 approach, a kernel registered with torch.library on the
+    device key for an out= op, sees functional and in-place calls as on any
+    device: the registration ends the forms' direct fallbacks."""
+    a, b, da, db = pair()
+    seen = []
+
+    def fmod_out(self, other, *, out):
+        seen.append(tuple(out.shape))
+        out.copy_(torch.fmod(self.cpu(), other.cpu()))
+        return out
+
+    assert "aten::fmod.Tensor" in _C._direct_fallback_ops()
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("fmod.Tensor_out", fmod_out, "PrivateUse1")
+        assert {"aten::fmod.Tensor", "aten::fmod_.Tensor"} & set(_C._direct_fallback_ops()) == set()
+        result = torch.fmod(da, db)
+        da.clone().fmod_(db)
+    finally:
+        lib._destroy()
+    assert seen == [(3, 4), (3, 4)]
+    torch.testing.assert_close(result.cpu(), torch.fmod(a, b), rtol=0, atol=0)
