@@ -32,7 +32,8 @@ std::deque<ReaderRecord>& records = *new std::deque<ReaderRecord>;
 // Gives the record back when its thread exits.
 struct RecordReleaser {
   ~RecordReleaser() {
-    if (thread_state.reader_record != nullptr) thread_state.reader_record->in_use.store(false, std::memory_order_release);
+    ReaderRecord* record = thread_state.reader_record;
+    if (record != nullptr) record->in_use.store(false, std::memory_order_release);
   }
 };
 thread_local RecordReleaser releaser;
