@@ -232,7 +232,7 @@ int readpath(const Args& a) {
 class Declines final : public maxdev::dispatch::Provider {
  public:
   Declines() : Provider("bench", "override", "bench declines") {}
-  bool run(const maxdev::dispatch::OpSlot&, c10::ArrayRef<c10::IValue>, maxdev::dispatch::Returns&) override {
+  bool run(const maxdev::dispatch::CallArgs&, maxdev::dispatch::Returns&) override {
     return false;
   }
 };

@@ -14,6 +14,8 @@ composite for add.Tensor allocates the output and calls add.out):
                unfilled): what the Python route costs before any work
   cpu          stock CPU eager torch.add on CPU tensors
 
+  fallback     no kernel: the loader's zero-copy CPU fallback (sweep only)
+
 Each variant runs in its own subprocess (registrations are process-wide).
 A worker warms up, then times blocks of calls; the parent runs the workers
 in several rounds, rotating their order, and reports the median per-call
@@ -22,6 +24,11 @@ kernel ran (plugin: list_ops() call counter; native: the kernel's own
 counter; python: a Python counter). When <build>/bench/bench_call_path
 exists, the same path is timed from C++ too (no Python), plus the plugin
 kernel called directly through the C ABI.
+
+Then the per-op overhead sweep: the same torch.add from 1 to 2^24 elements
+(powers of 4) for plugin, native, python, cpu and fallback, one process per
+variant running every size; each size's calls per block are set from one
+timed call so that a block lasts about the same at every size.
 
     PYTHONPATH=python .venv/bin/python bench/bench_plugin_call.py [--quick]
 
@@ -46,6 +53,12 @@ TARGETS = {"plugin_over_native_max": 1.10, "python_over_plugin_min": 10.0}
 # (rounds, blocks per worker, calls per block, warmup calls)
 FULL = (4, 20, 2000, 2000)
 QUICK = (2, 8, 1000, 1000)
+SWEEP_VARIANTS = ("plugin", "native", "python", "cpu", "fallback")
+SWEEP_SIZES = tuple(4 ** k for k in range(13))  # 1 .. 2^24 elements
+SWEEP_SUMMARY_SIZES = (1, 64, 4096, 4 ** 9, 4 ** 12)
+# (blocks per size, nanoseconds per block)
+SWEEP_FULL = (9, 20_000_000)
+SWEEP_QUICK = (3, 2_000_000)
 
 
 # ---------------------------------------------------------------------------
@@ -58,17 +71,14 @@ def _host_view(t):
     return torch.frombuffer(buf, dtype=torch.float32)
 
 
-def worker(variant: str, blocks: int, calls: int, warmup: int) -> dict:
-    global torch
-    import torch
+def setup(variant: str):
+    """Registers the variant's kernel in this process: (info, calls_now), where
+    calls_now() counts the calls the kernel under test has run (None: CPU)."""
     import max_device
 
     dev = max_device.DEVICE_NAME
-    g = torch.Generator().manual_seed(0)
-    a_cpu, b_cpu = torch.randn(NUMEL, generator=g), torch.randn(NUMEL, generator=g)
-    want = a_cpu + b_cpu
     info = {"variant": variant}
-    calls_now = None  # () -> calls counted so far by the kernel under test
+    calls_now = None
 
     if variant == "plugin":
         plugin = max_device.load_plugin(bl.artifact("plugins", "libreference.so"))
@@ -103,8 +113,32 @@ def worker(variant: str, blocks: int, calls: int, warmup: int) -> dict:
         torch.library.impl("aten::add.out", dev)(add_out)
         info["registration"] = f'torch.library.impl("aten::add.out", "{dev}")'
         calls_now = lambda: count[0]  # noqa: E731
+    elif variant == "fallback":
+        assert not max_device.list_plugins()
+        calls_now = lambda: max_device.fallback_counts().get("aten::add.out", 0)  # noqa: E731
     elif variant != "cpu":
         raise SystemExit(f"unknown variant {variant}")
+    return info, calls_now
+
+
+def check_no_fallback(variant):
+    import max_device
+
+    fallbacks = max_device.fallback_counts()
+    if variant not in ("cpu", "fallback") and (fallbacks.get("aten::add.out") or fallbacks.get("aten::add.Tensor")):
+        raise RuntimeError(f"{variant}: the CPU fallback ran: {fallbacks}")
+
+
+def worker(variant: str, blocks: int, calls: int, warmup: int) -> dict:
+    global torch
+    import torch
+    import max_device
+
+    dev = max_device.DEVICE_NAME
+    g = torch.Generator().manual_seed(0)
+    a_cpu, b_cpu = torch.randn(NUMEL, generator=g), torch.randn(NUMEL, generator=g)
+    want = a_cpu + b_cpu
+    info, calls_now = setup(variant)
 
     if variant == "cpu":
         a, b = a_cpu, b_cpu
@@ -138,10 +172,57 @@ def worker(variant: str, blocks: int, calls: int, warmup: int) -> dict:
         if ran != expected:
             raise RuntimeError(f"{variant}: the kernel under test ran {ran} times, expected {expected}")
         info["kernel_calls_verified"] = ran
-    fallbacks = max_device.fallback_counts()
-    if variant != "cpu" and (fallbacks.get("aten::add.out") or fallbacks.get("aten::add.Tensor")):
-        raise RuntimeError(f"{variant}: the CPU fallback ran: {fallbacks}")
+    check_no_fallback(variant)
     info.update({"torch_threads": torch.get_num_threads(), "per_call_ns": samples})
+    return info
+
+
+def sweep_worker(variant: str, blocks: int, block_ns: int) -> dict:
+    """Every size of SWEEP_SIZES for one variant: per-call samples per size."""
+    global torch
+    import torch
+    import max_device
+
+    dev = "cpu" if variant == "cpu" else max_device.DEVICE_NAME
+    info, calls_now = setup(variant)
+    max_device.reset_fallback_counts()
+    before = calls_now() if calls_now else 0
+    made = 0  # add calls made here, to prove the kernel under test ran each
+    add = torch.add
+    sizes = {}
+    g = torch.Generator().manual_seed(0)
+    for n in SWEEP_SIZES:
+        a_cpu, b_cpu = torch.randn(n, generator=g), torch.randn(n, generator=g)
+        a, b = a_cpu.to(dev), b_cpu.to(dev)
+        torch.testing.assert_close(add(a, b).cpu(), a_cpu + b_cpu, rtol=0, atol=0)
+        slowest = 0  # of three calls: a conservative calls-per-block on a loaded machine
+        for _ in range(3):
+            t0 = time.perf_counter_ns()
+            add(a, b)
+            slowest = max(slowest, time.perf_counter_ns() - t0)
+        calls = max(1, min(10_000, block_ns // slowest))
+        for _ in range(calls):  # warm-up: one block
+            add(a, b)
+        made += 4 + calls
+        samples = []
+        gc.collect()
+        gc.disable()
+        for _ in range(blocks):
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                add(a, b)
+            samples.append((time.perf_counter_ns() - t0) / calls)
+        gc.enable()
+        made += blocks * calls
+        sizes[str(n)] = {"calls_per_block": calls, "per_call_ns": samples}
+        del a, b, a_cpu, b_cpu
+    if calls_now is not None:
+        ran = calls_now() - before
+        if ran != made:
+            raise RuntimeError(f"{variant}: the kernel under test ran {ran} times, expected {made}")
+        info["kernel_calls_verified"] = ran
+    check_no_fallback(variant)
+    info.update({"torch_threads": torch.get_num_threads(), "sizes": sizes})
     return info
 
 
@@ -194,10 +275,33 @@ def run_cpp_modes(rounds, blocks, calls, warmup):
     return per_mode
 
 
+def run_sweep(blocks, block_ns):
+    per_variant = {}
+    for v in SWEEP_VARIANTS:
+        res = bl.run_json([sys.executable, os.path.abspath(__file__), "--sweep-worker", v,
+                           "--blocks", str(blocks), "--block-ns", str(block_ns)])
+        for d in res["sizes"].values():
+            d["stats_ns"] = bl.summarize(d["per_call_ns"])
+        per_variant[v] = res
+        print(f"  sweep {v:9s} done", flush=True)
+    return {"sizes": list(SWEEP_SIZES), "blocks_per_size": blocks, "block_ns": block_ns,
+            "variants": per_variant}
+
+
+def sweep_median(sweep, variant, n):
+    return sweep["variants"][variant]["sizes"][str(n)]["stats_ns"]["median"]
+
+
+def size_label(n):
+    return f"2^{n.bit_length() - 1}" if n >= 1024 else str(n)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds and repetitions")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--sweep-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--block-ns", type=int)
     parser.add_argument("--blocks", type=int)
     parser.add_argument("--calls", type=int)
     parser.add_argument("--warmup", type=int)
@@ -208,6 +312,9 @@ def main():
     if args.worker:
         print(json.dumps(worker(args.worker, args.blocks, args.calls, args.warmup)))
         return
+    if args.sweep_worker:
+        print(json.dumps(sweep_worker(args.sweep_worker, args.blocks, args.block_ns)))
+        return
 
     rounds, blocks, calls, warmup = QUICK if args.quick else FULL
     machine = bl.machine()
@@ -216,6 +323,8 @@ def main():
           f"per variant", flush=True)
     py = run_python_variants(rounds, blocks, calls, warmup)
     cpp = None if args.no_cpp else run_cpp_modes(rounds, blocks, calls, warmup)
+    print(f"per-op sweep: {len(SWEEP_SIZES)} sizes x {len(SWEEP_VARIANTS)} variants", flush=True)
+    sweep = run_sweep(*(SWEEP_QUICK if args.quick else SWEEP_FULL))
 
     med = {v: py[v]["stats_ns"]["median"] for v in VARIANTS}
     ratios = {
@@ -245,13 +354,18 @@ def main():
     if cpp_ratios:
         summary.append({"metric": "plugin / native (C++ at::add, no Python)",
                         "value": cpp_ratios["plugin_over_native"], "target": None, "ok": None})
+    for n in SWEEP_SUMMARY_SIZES:
+        for num, den in (("plugin", "native"), ("fallback", "cpu"), ("python", "plugin")):
+            summary.append({"metric": f"sweep n={size_label(n)}: {num} / {den}",
+                            "value": sweep_median(sweep, num, n) / sweep_median(sweep, den, n),
+                            "target": None, "ok": None})
     report = {"benchmark": "bench_plugin_call", "quick": args.quick, "numel": NUMEL,
               "dtype": "float32", "op": "torch.add(a, b) -> aten::add.Tensor -> aten::add.out",
               "machine": machine, "loadavg_start": load_start, "loadavg_end": bl.loadavg(),
               "config": {"rounds": rounds, "blocks_per_worker": blocks, "calls_per_block": calls,
                          "warmup_calls": warmup},
               "targets": TARGETS, "median_ns": med, "ratios": ratios,
-              "python": py, "cpp": cpp, "cpp_ratios": cpp_ratios, "summary": summary}
+              "python": py, "cpp": cpp, "cpp_ratios": cpp_ratios, "sweep": sweep, "summary": summary}
     path = bl.write_json("plugin_call.json", report, args.out)
 
     bl.print_machine(machine, args.quick)
@@ -284,6 +398,14 @@ def main():
         print(f"C++: plugin / native {cpp_ratios['plugin_over_native']:.3f} "
               f"(+{cpp_ratios['plugin_minus_native_ns']:.0f} ns); plugin kernel body vs bare loop "
               f"+{cpp_ratios['kernel_direct_minus_loop_ns']:.0f} ns")
+    print()
+    header = f"{'sweep: elements':16s}" + "".join(f"{v + ' us':>12s}" for v in SWEEP_VARIANTS) + \
+        f"{'plug/nat':>9s}{'fb/cpu':>8s}"
+    bl.print_header(header)
+    for n in SWEEP_SIZES:
+        med_n = {v: sweep_median(sweep, v, n) for v in SWEEP_VARIANTS}
+        print(f"{size_label(n):16s}" + "".join(f"{med_n[v] / 1e3:>12.2f}" for v in SWEEP_VARIANTS) +
+              f"{med_n['plugin'] / med_n['native']:>9.2f}{med_n['fallback'] / med_n['cpu']:>8.2f}")
     print(f"\nraw samples: {path}")
 
 

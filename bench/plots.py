@@ -155,6 +155,33 @@ def plot_fallback(report, path):
     plt.close(fig)
 
 
+def plot_sweep(report, path):
+    """The per-op overhead sweep of torch.add: per-call time of each variant
+    over sizes (log-log, p10..p90 band), and each over the CPU's."""
+    sweep = report["sweep"]
+    sizes = sweep["sizes"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for variant, res in sweep["variants"].items():
+        stats = [res["sizes"][str(n)]["stats_ns"] for n in sizes]
+        left.plot(sizes, [s["median"] / 1e3 for s in stats], marker="o", markersize=3, label=variant)
+        left.fill_between(sizes, [s["p10"] / 1e3 for s in stats], [s["p90"] / 1e3 for s in stats], alpha=0.2)
+        cpu = [sweep["variants"]["cpu"]["sizes"][str(n)]["stats_ns"]["median"] for n in sizes]
+        right.plot(sizes, [s["median"] / c for s, c in zip(stats, cpu)], marker="o", markersize=3, label=variant)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("elements (float32)")
+        ax.legend(fontsize=8)
+    left.set_ylabel("µs per call (median; band p10..p90)")
+    right.set_ylabel("time / CPU eager time")
+    right.axhline(1.0, color="gray", linewidth=0.8)
+    fig.suptitle("torch.add per call: reference plugin, native kernel, Python kernel, CPU, zero-copy fallback\n" +
+                 _subtitle(report), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_all(results_dir=bl.RESULTS_DIR):
     """Draws every plot whose results exist; returns the files written."""
     written = []
@@ -172,6 +199,10 @@ def write_all(results_dir=bl.RESULTS_DIR):
     if fallback:
         plot_fallback(fallback, os.path.join(results_dir, "fallback_sizes.png"))
         written.append(os.path.join(results_dir, "fallback_sizes.png"))
+    plugin_call = _load(results_dir, "plugin_call.json")
+    if plugin_call and plugin_call.get("sweep"):
+        plot_sweep(plugin_call, os.path.join(results_dir, "per_op_sweep.png"))
+        written.append(os.path.join(results_dir, "per_op_sweep.png"))
     return written
 
 

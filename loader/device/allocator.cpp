@@ -60,8 +60,6 @@ c10::DeviceIndex count_from_environment() {
   return static_cast<c10::DeviceIndex>(count);
 }
 
-thread_local c10::DeviceIndex current_index = 0;
-
 }  // namespace
 
 c10::DeviceIndex device_count() {
@@ -69,14 +67,14 @@ c10::DeviceIndex device_count() {
   return count;
 }
 
-c10::DeviceIndex current_device_index() { return current_index; }
+c10::DeviceIndex current_device_index() { return thread_state.current_device; }
 
 void set_current_device_index(c10::DeviceIndex index) {
   check_device_index(index);
-  if (index >= 0) current_index = index;
+  if (index >= 0) thread_state.current_device = index;
 }
 
-c10::Device current_device() { return c10::Device(kDeviceType, current_index); }
+c10::Device current_device() { return c10::Device(kDeviceType, thread_state.current_device); }
 
 void check_device_index(c10::DeviceIndex index) {
   TORCH_CHECK(index >= -1 && index < device_count(), "max_device:", static_cast<int>(index),
@@ -87,11 +85,11 @@ void check_device_index(c10::DeviceIndex index) {
 
 c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
   check_device_index(index);
-  return index == -1 ? current_index : index;
+  return index == -1 ? thread_state.current_device : index;
 }
 
 c10::DataPtr HostAllocator::allocate(size_t nbytes) {
-  const c10::DeviceIndex device = current_index;
+  const c10::DeviceIndex device = thread_state.current_device;
   const c10::Device tag = device_side_ ? c10::Device(kDeviceType, device) : c10::Device(c10::kCPU);
   if (nbytes == 0) return c10::DataPtr(nullptr, tag);
   const size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;

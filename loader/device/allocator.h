@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/thread_state.h"
+
 namespace maxdev::device {
 
 inline constexpr c10::DeviceType kDeviceType = c10::DeviceType::PrivateUse1;
@@ -34,10 +36,10 @@ c10::DeviceIndex resolve_device_index(c10::DeviceIndex index);
 // device guard from PyTorch; they open one of these.
 class CurrentDeviceScope {
  public:
-  explicit CurrentDeviceScope(c10::DeviceIndex index) : previous_(current_device_index()) {
-    set_current_device_index(index);
+  explicit CurrentDeviceScope(c10::DeviceIndex index) : previous_(thread_state.current_device) {
+    if (index != previous_) set_current_device_index(index);  // checked; -1 changes nothing
   }
-  ~CurrentDeviceScope() { set_current_device_index(previous_); }
+  ~CurrentDeviceScope() { thread_state.current_device = previous_; }
   CurrentDeviceScope(const CurrentDeviceScope&) = delete;
   CurrentDeviceScope& operator=(const CurrentDeviceScope&) = delete;
 

@@ -32,7 +32,8 @@ std::deque<ReaderRecord>& records = *new std::deque<ReaderRecord>;
 // Gives the record back when its thread exits.
 struct RecordReleaser {
   ~RecordReleaser() {
-    if (tls_record != nullptr) tls_record->in_use.store(false, std::memory_order_release);
+    ReaderRecord* record = thread_state.reader_record;
+    if (record != nullptr) record->in_use.store(false, std::memory_order_release);
   }
 };
 thread_local RecordReleaser releaser;
@@ -43,7 +44,7 @@ thread_local RecordReleaser releaser;
 void forget_other_threads() {
   new (&records_mutex) std::mutex;  // whoever held it does not exist here
   for (auto& r : records) {
-    if (&r == tls_record) continue;
+    if (&r == thread_state.reader_record) continue;
     r.epoch.store(0, std::memory_order_relaxed);
     r.depth = 0;
     r.in_use.store(false, std::memory_order_relaxed);
@@ -61,10 +62,10 @@ ReaderRecord& register_reader() {
   std::lock_guard lock(records_mutex);
   for (auto& r : records) {
     bool expected = false;
-    if (r.in_use.compare_exchange_strong(expected, true)) return *(tls_record = &r);
+    if (r.in_use.compare_exchange_strong(expected, true)) return *(thread_state.reader_record = &r);
   }
   records.emplace_back().in_use = true;
-  return *(tls_record = &records.back());
+  return *(thread_state.reader_record = &records.back());
 }
 
 }  // namespace epoch_detail

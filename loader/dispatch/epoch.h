@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/thread_state.h"
+
 namespace maxdev::dispatch {
 
 // One cache line each: every call writes its thread's record, and two
@@ -26,11 +28,10 @@ namespace epoch_detail {
 extern std::atomic<uint64_t> global_epoch;
 extern bool readers_need_fence;
 ReaderRecord& register_reader();
-inline thread_local ReaderRecord* tls_record = nullptr;
 }  // namespace epoch_detail
 
 inline ReaderRecord& reader_record() {
-  ReaderRecord* r = epoch_detail::tls_record;
+  ReaderRecord* r = thread_state.reader_record;
   return r != nullptr ? *r : epoch_detail::register_reader();
 }
 

@@ -58,7 +58,7 @@ maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype
     return fail("output index " + std::to_string(index) + " out of range (the op returns " +
                 std::to_string(ctx->outputs.size()) + ")");
   }
-  if (ctx->output_aliased[index]) {
+  if (ctx->aliases[index] != nullptr) {
     return fail("output " + std::to_string(index) + " is an argument the kernel writes into; use call->outputs[" +
                 std::to_string(index) + "]");
   }
@@ -96,18 +96,18 @@ maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndi
     return fail("output index " + std::to_string(index) + " out of range (the op returns " +
                 std::to_string(ctx->outputs.size()) + ")");
   }
-  if (!ctx->output_aliased[index]) {
+  if (ctx->aliases[index] == nullptr) {
     return fail("output " + std::to_string(index) + " is not an argument (out=) tensor; allocate it with alloc_output");
   }
   if (ndim < 0 || (ndim > 0 && shape == nullptr)) return fail("invalid shape");
   try {
     // PyTorch's rule for out=: resize an empty tensor silently, warn for a
     // non-empty one of another shape.
-    at::native::resize_output(ctx->outputs[index], c10::IntArrayRef(shape, static_cast<size_t>(ndim)));
+    at::native::resize_output(*ctx->aliases[index], c10::IntArrayRef(shape, static_cast<size_t>(ndim)));
   } catch (const std::exception& e) {
     return fail(e.what());
   }
-  ctx->output_views[index] = tensor_view(ctx->outputs[index], true);
+  ctx->output_views[index] = tensor_view(*ctx->aliases[index], true);
   ctx->output_ptrs[index] = &ctx->output_views[index];
   *out = &ctx->output_views[index];
   return MAXDEV_OK;

@@ -16,12 +16,13 @@ struct maxdev_host_context {
   const maxdev::dispatch::OpSignature* sig = nullptr;  // null outside kernel calls
   std::string error;                     // set_error's message
   bool meta = false;                     // a meta function's call: outputs are meta tensors
-  // One slot per return of the op; an aliased one holds the argument
-  // tensor it aliases (resize_output resizes it).
+  // One slot per return of the op. An allocated one (alloc_output) is
+  // held in `outputs`; an aliased one is the argument tensor it aliases,
+  // borrowed for the call (resize_output resizes it).
   c10::SmallVector<at::Tensor, 2> outputs;
+  c10::SmallVector<const at::Tensor*, 2> aliases;  // null: allocated
   c10::SmallVector<maxdev_tensor, 2> output_views;
   c10::SmallVector<const maxdev_tensor*, 2> output_ptrs;
-  c10::SmallVector<bool, 2> output_aliased;
 };
 
 namespace maxdev::dispatch {

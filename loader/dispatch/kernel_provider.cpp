@@ -18,128 +18,6 @@ std::atomic<bool> kernel_checks_enabled{[] {
   return env != nullptr && std::strcmp(env, "1") == 0;
 }()};
 
-// The converted arguments of one call; everything points into the IValues
-// on the stack or into this frame, so it lives exactly as long as the call.
-class CallFrame {
- public:
-  CallFrame(const OpSignature& sig, c10::ArrayRef<c10::IValue> args) {
-    values_.resize(sig.args.size());
-    for (size_t i = 0; i < sig.args.size(); ++i) convert(sig.args[i], args[i], values_[i]);
-    // Pointers into the growable buffers are taken only now that they are full.
-    size_t next_tensor = 0, next_int = 0, next_float = 0;
-    for (size_t i = 0; i < sig.args.size(); ++i) fix_pointers(values_[i], next_tensor, next_int, next_float);
-  }
-  const maxdev_value* data() const { return values_.data(); }
-  int32_t size() const { return static_cast<int32_t>(values_.size()); }
-  const maxdev_tensor* tensor_of(size_t arg) const { return values_[arg].u.tensor; }
-
- private:
-  void convert(const ArgPlan& plan, const c10::IValue& v, maxdev_value& out) {
-    out.flags = plan.kind == ArgKind::scalar ? MAXDEV_VALUE_FLAG_SCALAR : 0u;
-    if (v.isNone()) {
-      out.kind = MAXDEV_VALUE_NONE;
-      return;
-    }
-    switch (plan.kind) {
-      case ArgKind::tensor:
-        out.kind = MAXDEV_VALUE_TENSOR;
-        tensors_.push_back(tensor_view(v.toTensor(), plan.written));
-        return;
-      case ArgKind::tensor_list: {
-        out.kind = MAXDEV_VALUE_TENSOR_LIST;
-        const auto list = v.toTensorList();
-        out.u.tensor_list.size = static_cast<int64_t>(list.size());
-        for (const at::Tensor& t : list) tensors_.push_back(tensor_view(t, plan.written));
-        return;
-      }
-      case ArgKind::int_:
-        out.kind = MAXDEV_VALUE_INT;
-        out.u.i = v.toInt();
-        return;
-      case ArgKind::float_:
-        out.kind = MAXDEV_VALUE_FLOAT;
-        out.u.f = v.toDouble();
-        return;
-      case ArgKind::bool_:
-        out.kind = MAXDEV_VALUE_BOOL;
-        out.u.b = v.toBool() ? 1 : 0;
-        return;
-      case ArgKind::scalar:
-        if (v.isBool()) {
-          out.kind = MAXDEV_VALUE_BOOL;
-          out.u.b = v.toBool() ? 1 : 0;
-        } else if (v.isInt()) {
-          out.kind = MAXDEV_VALUE_INT;
-          out.u.i = v.toInt();
-        } else {
-          out.kind = MAXDEV_VALUE_FLOAT;  // complex scalars are declined before conversion
-          out.u.f = v.toDouble();
-        }
-        return;
-      case ArgKind::int_list: {
-        out.kind = MAXDEV_VALUE_INT_LIST;
-        const auto list = v.toIntList();
-        out.u.int_list.size = static_cast<int64_t>(list.size());
-        for (int64_t x : list) ints_.push_back(x);
-        return;
-      }
-      case ArgKind::float_list: {
-        out.kind = MAXDEV_VALUE_FLOAT_LIST;
-        const auto list = v.toDoubleList();
-        out.u.float_list.size = static_cast<int64_t>(list.size());
-        for (double x : list) floats_.push_back(x);
-        return;
-      }
-      case ArgKind::string:
-        out.kind = MAXDEV_VALUE_STRING;
-        out.u.string = v.toStringRef().c_str();
-        return;
-      case ArgKind::dtype:
-        out.kind = MAXDEV_VALUE_DTYPE;
-        to_abi_dtype(static_cast<c10::ScalarType>(v.toInt()), &out.u.dtype);
-        return;
-    }
-  }
-
-  void fix_pointers(maxdev_value& out, size_t& next_tensor, size_t& next_int, size_t& next_float) {
-    switch (out.kind) {
-      case MAXDEV_VALUE_TENSOR: out.u.tensor = &tensors_[next_tensor++]; break;
-      case MAXDEV_VALUE_TENSOR_LIST:
-        out.u.tensor_list.data = tensors_.data() + next_tensor;
-        next_tensor += static_cast<size_t>(out.u.tensor_list.size);
-        break;
-      case MAXDEV_VALUE_INT_LIST:
-        out.u.int_list.data = ints_.data() + next_int;
-        next_int += static_cast<size_t>(out.u.int_list.size);
-        break;
-      case MAXDEV_VALUE_FLOAT_LIST:
-        out.u.float_list.data = floats_.data() + next_float;
-        next_float += static_cast<size_t>(out.u.float_list.size);
-        break;
-      default: break;
-    }
-  }
-
-  c10::SmallVector<maxdev_value, 8> values_;
-  c10::SmallVector<maxdev_tensor, 8> tensors_;
-  c10::SmallVector<int64_t, 8> ints_;
-  c10::SmallVector<double, 2> floats_;
-};
-
-template <typename Fn>
-bool all_tensors(c10::ArrayRef<c10::IValue> args, Fn&& ok) {
-  for (const auto& v : args) {
-    if (v.isTensor()) {
-      if (!ok(v.toTensor())) return false;
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) {
-        if (!ok(t)) return false;
-      }
-    }
-  }
-  return true;
-}
-
 // Hashes of the tensor arguments a kernel may only read, taken before the
 // call and compared after it. Arguments that share storage with a written
 // argument (e.g. neg.out(x, out=x)) may change legitimately and are left out.
@@ -232,12 +110,12 @@ void check_contract(const KernelOwner& owner, const OpSlot& slot, c10::ArrayRef<
                            "), which its schema marks read-only (found by kernel checks)");
   }
   bool allocates = false;
-  for (bool aliased : ctx.output_aliased) allocates = allocates || !aliased;
+  for (const at::Tensor* alias : ctx.aliases) allocates = allocates || alias == nullptr;
   if (!allocates) return;
   const auto expected = meta_returns(slot, args);
   if (!expected) return;
   for (size_t i = 0; i < ctx.outputs.size(); ++i) {
-    if (ctx.output_aliased[i] || !(*expected)[i].isTensor()) continue;
+    if (ctx.aliases[i] != nullptr || !(*expected)[i].isTensor()) continue;
     const at::Tensor& want = (*expected)[i].toTensor();
     const at::Tensor& got = ctx.outputs[i];
     if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
@@ -269,26 +147,26 @@ KernelProvider::KernelProvider(std::shared_ptr<const KernelOwner> owner, const m
       fn_(kernel.fn),
       meta_(kernel.meta),
       backward_(kernel.backward != nullptr ? kernel.backward : ""),
-      dtypes_(kernel.dtypes),
-      flags_(kernel.flags) {}
+      dtypes_(kernel.dtypes != 0 ? kernel.dtypes : ~uint64_t{0}),
+      cpu_tensors_((kernel.flags & MAXDEV_KERNEL_NO_CPU_TENSORS) == 0),
+      contiguous_only_((kernel.flags & MAXDEV_KERNEL_CONTIGUOUS_ONLY) != 0),
+      same_dtype_((kernel.flags & MAXDEV_KERNEL_SAME_DTYPE) != 0) {}
 
 namespace {
 
 // The per-call context: one slot per return; an aliased return (in-place,
-// out=) starts as the argument tensor it aliases.
-void prepare_outputs(maxdev_host_context& ctx, const OpSignature& sig, c10::ArrayRef<c10::IValue> args,
-                     const CallFrame& frame) {
+// out=) starts as the argument tensor it aliases, borrowed.
+void prepare_outputs(maxdev_host_context& ctx, const OpSignature& sig, const CallArgs& args) {
   const size_t num_outputs = sig.return_aliases.size();
   ctx.outputs.resize(num_outputs);
   ctx.output_views.resize(num_outputs);
   ctx.output_ptrs.resize(num_outputs, nullptr);
-  ctx.output_aliased.resize(num_outputs, false);
+  ctx.aliases.resize(num_outputs, nullptr);
   for (size_t i = 0; i < num_outputs; ++i) {
     const int alias = sig.return_aliases[i];
     if (alias >= 0) {
-      ctx.output_aliased[i] = true;
-      ctx.outputs[i] = args[static_cast<size_t>(alias)].toTensor();
-      ctx.output_ptrs[i] = frame.tensor_of(static_cast<size_t>(alias));
+      ctx.aliases[i] = &args.tensor_of(static_cast<size_t>(alias));
+      ctx.output_ptrs[i] = args.view_of(static_cast<size_t>(alias));
     }
   }
 }
@@ -301,14 +179,14 @@ bool KernelProvider::run_meta(const OpSlot& slot, torch::jit::Stack* stack) {
   const auto args = torch::jit::last(*stack, sig.args.size());
   torch::jit::Stack concrete;
   for (const auto& v : args) concrete.push_back(to_meta(v));
-  CallFrame frame(sig, concrete);
+  const CallArgs frame(slot, concrete);
   maxdev_host_context ctx;
   ctx.plugin = &owner_->plugin;
   ctx.sig = &sig;
   ctx.meta = true;
-  prepare_outputs(ctx, sig, concrete, frame);
+  prepare_outputs(ctx, sig, frame);
   const size_t num_outputs = sig.return_aliases.size();
-  const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, frame.data(), frame.size(),
+  const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, frame.values(), frame.size(),
                          static_cast<int32_t>(num_outputs), ctx.output_ptrs.data()};
   maxdev_status status;
   try {
@@ -335,50 +213,41 @@ bool KernelProvider::run_meta(const OpSlot& slot, torch::jit::Stack* stack) {
   return true;
 }
 
-bool KernelProvider::accepts(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) const {
+bool KernelProvider::accepts(const CallArgs& args) const {
+  if (!args.passable()) return false;
   std::optional<c10::ScalarType> first_dtype;
-  const bool ok = all_tensors(args, [&](const at::Tensor& t) {
-    if (!t.defined()) return true;
+  for (const at::Tensor* tensor : args.tensors()) {
+    const at::Tensor& t = *tensor;
     const auto type = t.device().type();
-    if (type != c10::DeviceType::PrivateUse1 && type != c10::DeviceType::CPU) return false;
-    if (type == c10::DeviceType::CPU && (flags_ & MAXDEV_KERNEL_NO_CPU_TENSORS)) return false;
-    if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
-    const uint64_t bit = dtype_mask_bit(t.scalar_type());
-    if (bit == 0 || (dtypes_ != 0 && (dtypes_ & bit) == 0)) return false;
-    if ((flags_ & MAXDEV_KERNEL_CONTIGUOUS_ONLY) && !t.is_contiguous()) return false;
-    if (flags_ & MAXDEV_KERNEL_SAME_DTYPE) {
+    if (type != c10::DeviceType::PrivateUse1 && (type != c10::DeviceType::CPU || !cpu_tensors_)) return false;
+    if ((dtypes_ & dtype_mask_bit(t.scalar_type())) == 0) return false;
+    if (contiguous_only_ && !t.is_contiguous()) return false;
+    if (same_dtype_) {
       if (first_dtype && *first_dtype != t.scalar_type()) return false;
       first_dtype = t.scalar_type();
     }
-    return true;
-  });
-  if (!ok) return false;
-  // Complex Scalars have no ABI value.
-  for (size_t i = 0; i < slot.sig.args.size(); ++i) {
-    if (slot.sig.args[i].kind == ArgKind::scalar && args[i].isComplexDouble()) return false;
   }
   return true;
 }
 
-bool KernelProvider::run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns) {
+bool KernelProvider::run(const CallArgs& args, Returns& returns) {
+  const OpSlot& slot = args.slot();
   const OpSignature& sig = slot.sig;
-  if (!accepts(slot, args)) {
+  if (!accepts(args)) {
     count_decline();
     return false;
   }
-  CallFrame frame(sig, args);
-
   maxdev_host_context ctx;
   ctx.plugin = &owner_->plugin;
   ctx.sig = &sig;
-  prepare_outputs(ctx, sig, args, frame);
+  prepare_outputs(ctx, sig, args);
   const size_t num_outputs = sig.return_aliases.size();
 
-  const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, frame.data(), frame.size(),
+  const maxdev_call call{sizeof(maxdev_call), host_api(), &ctx, owner_->state, args.values(), args.size(),
                          static_cast<int32_t>(num_outputs), ctx.output_ptrs.data()};
   const bool checking = kernel_checks();
   std::optional<ReadOnlyDigests> read_only;
-  if (checking) read_only.emplace(sig, args);
+  if (checking) read_only.emplace(sig, args.boxed());
   maxdev_status status;
   try {
     InFlight in_flight(*owner_);
@@ -406,16 +275,14 @@ bool KernelProvider::run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Re
                                               : "returned an unknown status " + std::to_string(status));
   }
   for (size_t i = 0; i < num_outputs; ++i) {
-    if (!ctx.output_aliased[i] && !ctx.outputs[i].defined()) {
+    if (ctx.aliases[i] == nullptr && !ctx.outputs[i].defined()) {
       // outputs[i] is the host's to set: whatever the kernel put there is ignored.
       throw_kernel_error(*owner_, slot.name, "returned success without allocating output " + std::to_string(i));
     }
   }
-  if (checking) check_contract(*owner_, slot, args, ctx, *read_only);
-  for (size_t i = 0; i < num_outputs; ++i) {
-    const int alias = sig.return_aliases[i];
-    returns.push_back(alias >= 0 ? args[static_cast<size_t>(alias)] : std::move(ctx.outputs[i]));
-  }
+  if (checking) check_contract(*owner_, slot, args.boxed(), ctx, *read_only);
+  // Aliased returns are the trampoline's to make (Provider::run).
+  for (size_t i = 0; i < num_outputs; ++i) returns.emplace_back(std::move(ctx.outputs[i]));
   return true;
 }
 

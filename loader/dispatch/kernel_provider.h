@@ -1,5 +1,5 @@
-// A plugin kernel as a provider: converts the boxed arguments to the ABI's
-// values, checks the kernel's declared capabilities, calls it, and turns
+// A plugin kernel as a provider: checks the kernel's declared capabilities
+// against the call's arguments, calls it with their ABI values, and turns
 // its outputs and status into returns, a decline, or a KernelError.
 #pragma once
 
@@ -28,19 +28,20 @@ struct KernelOwner {
 class KernelProvider final : public Provider {
  public:
   KernelProvider(std::shared_ptr<const KernelOwner> owner, const maxdev_kernel_def& kernel);
-  bool run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns) override;
+  bool run(const CallArgs& args, Returns& returns) override;
   bool run_meta(const OpSlot& slot, torch::jit::Stack* stack) override;
   const std::string& backward_op() const override { return backward_; }
 
  private:
-  bool accepts(const OpSlot& slot, c10::ArrayRef<c10::IValue> args) const;
+  bool accepts(const CallArgs& args) const;
 
   std::shared_ptr<const KernelOwner> owner_;
   maxdev_kernel_fn fn_;
   maxdev_kernel_fn meta_;  // may be null
   std::string backward_;   // "" for none
-  uint64_t dtypes_;
-  uint64_t flags_;
+  // The kernel's capabilities, decoded once.
+  uint64_t dtypes_;  // mask of dtype_mask_bit()s; all for a kernel that takes any
+  bool cpu_tensors_, contiguous_only_, same_dtype_;
 };
 
 // Kernel checks: a debugging mode in which every plugin call also proves

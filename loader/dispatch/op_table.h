@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch/call_args.h"
 #include "dispatch/op_signature.h"
 
 namespace torch {
@@ -72,10 +73,12 @@ class Provider {
       : owner_(std::move(owner)), kind_(std::move(kind)), served_by_(std::move(served_by)) {}
   virtual ~Provider() = default;
 
-  // Runs the op on `args` (the schema's arguments, in order): appends its
-  // returns to `returns` and returns true; or declines: returns false with
-  // `returns` untouched. Both trampolines (boxed and unboxed) call this.
-  virtual bool run(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns) = 0;
+  // Runs the op (args.slot()) on `args`: appends one value per return to
+  // `returns` and returns true; or declines: returns false with `returns`
+  // untouched. A return that aliases an argument (in-place, out=) is that
+  // argument whatever the provider appends for it: the trampoline makes it.
+  // Both trampolines (boxed and unboxed) call this.
+  virtual bool run(const CallArgs& args, Returns& returns) = 0;
 
   // For ops a plugin defines (dispatch/custom_op_kernels.h): runs the op's
   // meta function on meta tensors like run(), or returns false when this

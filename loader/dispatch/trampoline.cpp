@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "device/allocator.h"
+#include "dispatch/call_args.h"
 #include "dispatch/cpu_fallback.h"
 #include "dispatch/epoch.h"
 #include "dispatch/op_table.h"
@@ -19,14 +20,15 @@
 namespace maxdev::dispatch {
 namespace {
 
-// Runs the providers of `slot`, top first; true when one served the call.
-bool serve(const OpSlot& slot, c10::ArrayRef<c10::IValue> args, Returns& returns) {
+// Runs the providers of the call's op, top first; true when one served it.
+bool serve(const CallArgs& args, Returns& returns) {
   ReadGuard guard;
   const DispatchTable* table = OpTable::instance().current();
-  if (slot.index >= table->stacks.size()) return false;
-  const ProviderStack& providers = table->stacks[slot.index];
+  const size_t index = args.slot().index;
+  if (index >= table->stacks.size()) return false;
+  const ProviderStack& providers = table->stacks[index];
   for (auto it = providers.rbegin(); it != providers.rend(); ++it) {
-    if ((*it)->run(slot, args, returns)) return true;
+    if ((*it)->run(args, returns)) return true;
   }
   return false;
 }
@@ -67,10 +69,15 @@ class BoxedTrampoline final : public c10::OperatorKernel {
     const OpSlot& slot = slot_.get();
     const size_t n = slot.sig.args.size();
     const auto args = torch::jit::last(*stack, n);
+    const CallArgs call(slot, args);
     // Plugin outputs are allocated on the device of the call.
-    device::CurrentDeviceScope on_device(op_device_index(slot.op, args));
+    device::CurrentDeviceScope on_device(call.device_index());
     Returns returns;
-    if (!serve(slot, args, returns)) return serve_on_cpu(slot, stack);
+    if (!serve(call, returns)) return serve_on_cpu(slot, stack);
+    for (size_t i = 0; i < returns.size(); ++i) {
+      const int alias = slot.sig.return_aliases[i];
+      if (alias >= 0) returns[i] = args[static_cast<size_t>(alias)];
+    }
     torch::jit::drop(*stack, n);
     for (auto& r : returns) stack->push_back(std::move(r));
   }
@@ -100,20 +107,29 @@ class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
 
   Ret operator()(Args... args) {
     const OpSlot& slot = slot_.get();
-    c10::SmallVector<c10::IValue, sizeof...(Args)> boxed;  // inline: no heap-allocated Stack
-    (boxed.emplace_back(args), ...);
-    device::CurrentDeviceScope on_device(op_device_index(slot.op, boxed));
+    const auto refs = std::forward_as_tuple(args...);
+    CallArgs call(slot, &box, &refs);
+    (call.add(args), ...);
+    call.finish();
+    device::CurrentDeviceScope on_device(call.device_index());
     Returns returns;
-    if (!serve(slot, boxed, returns)) {
-      torch::jit::Stack stack(std::make_move_iterator(boxed.begin()), std::make_move_iterator(boxed.end()));
+    if (!serve(call, returns)) {
+      const auto boxed = call.boxed();
+      torch::jit::Stack stack(boxed.begin(), boxed.end());
       serve_on_cpu(slot, &stack);
-      for (auto& r : stack) returns.push_back(std::move(r));
+      returns.assign(std::make_move_iterator(stack.begin()), std::make_move_iterator(stack.end()));
     }
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
-      return std::get<kWrittenIndex>(std::forward_as_tuple(args...));
+      return std::get<kWrittenIndex>(refs);
     } else {
       return std::move(returns[0]).toTensor();
     }
+  }
+
+  // CallArgs::BoxFn for the tuple of references operator() passes.
+  static void box(const void* refs, torch::jit::Stack& out) {
+    std::apply([&](const auto&... arg) { (out.emplace_back(arg), ...); },
+               *static_cast<const std::tuple<Args&...>*>(refs));
   }
 
   // Whether the dispatcher would call this with exactly the op's C++

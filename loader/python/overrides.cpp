@@ -86,7 +86,7 @@ class PythonOverride final : public dispatch::Provider {
     delete fn_;
   }
 
-  bool run(const dispatch::OpSlot& slot, c10::ArrayRef<c10::IValue> args, dispatch::Returns& returns) override {
+  bool run(const dispatch::CallArgs& call, dispatch::Returns& returns) override {
     thread_local std::vector<const PythonOverride*> running;
     if (std::find(running.begin(), running.end(), this) != running.end()) return false;
     running.push_back(this);
@@ -94,6 +94,8 @@ class PythonOverride final : public dispatch::Provider {
       ~Pop() { running.pop_back(); }
     } pop;
 
+    const dispatch::OpSlot& slot = call.slot();
+    const c10::ArrayRef<c10::IValue> args = call.boxed();
     const auto& schema = slot.op.schema();
     const size_t n = schema.arguments().size();
     py::gil_scoped_acquire gil;

@@ -87,3 +87,19 @@ def test_both_paths_raise_the_same_kernel_error(fixture_file, load_plugin):
         messages.append(str(info.value))
     assert messages == [f"plugin 'failing_kernel', op aten::neg.out ({path}): fixture kernel failed on purpose"] * 2
     assert op_stats("aten::neg.out")[:2] == (2, 0)
+
+
+@pytest.mark.parametrize("path", ["unboxed", "boxed"])
+def test_both_paths_serve_on_the_device_of_the_call(plugin_file, load_plugin, path):
+    load_plugin(plugin_file("reference"))
+    relu, add_out = CALLS[path]["relu"], CALLS[path]["add_out"]
+    x = torch.randn(16)
+    current = torch.max_device.current_device()
+    other = f"max_device:{1 - current}"
+    got = relu(x.to(other))  # the plugin allocates its output on the tensors' device
+    assert got.device == torch.device(other) and got.cpu().equal(torch.relu(x))
+    assert torch.max_device.current_device() == current  # restored after the call
+    assert op_stats("aten::relu")[:2] == (1, 0)
+    with pytest.raises(RuntimeError, match=r"on the same device.*aten::add\.out"):
+        add_out(x.to(DEVICE), x.to(other), torch.empty(16, device=DEVICE))
+    assert op_stats("aten::add.out")[:2] == (0, 0)  # refused before any provider ran
