@@ -26,8 +26,10 @@ class CallFrame {
     values_.resize(sig.args.size());
     for (size_t i = 0; i < sig.args.size(); ++i) convert(sig.args[i], args[i], values_[i]);
     // Pointers into the growable buffers are taken only now that they are full.
-    size_t next_tensor = 0, next_int = 0, next_float = 0;
-    for (size_t i = 0; i < sig.args.size(); ++i) fix_pointers(values_[i], next_tensor, next_int, next_float);
+    size_t next_tensor = 0, next_int = 0, next_float = 0, next_bool = 0;
+    for (size_t i = 0; i < sig.args.size(); ++i) {
+      fix_pointers(values_[i], next_tensor, next_int, next_float, next_bool);
+    }
   }
   const maxdev_value* data() const { return values_.data(); }
   int32_t size() const { return static_cast<int32_t>(values_.size()); }
@@ -36,7 +38,9 @@ class CallFrame {
  private:
   void convert(const ArgPlan& plan, const c10::IValue& v, maxdev_value& out) {
     out.flags = plan.kind == ArgKind::scalar ? MAXDEV_VALUE_FLAG_SCALAR : 0u;
-    if (v.isNone()) {
+    // Autograd passes a None Tensor? it saved (layer norm's bias) as an
+    // undefined tensor: it crosses as None, as the schema promises.
+    if (v.isNone() || (v.isTensor() && !v.toTensor().defined())) {
       out.kind = MAXDEV_VALUE_NONE;
       return;
     }
@@ -90,6 +94,13 @@ class CallFrame {
         for (double x : list) floats_.push_back(x);
         return;
       }
+      case ArgKind::bool_list: {
+        out.kind = MAXDEV_VALUE_BOOL_LIST;
+        const auto list = v.toBoolList();
+        out.u.bool_list.size = static_cast<int64_t>(list.size());
+        for (bool x : list) bools_.push_back(x ? 1 : 0);
+        return;
+      }
       case ArgKind::string:
         out.kind = MAXDEV_VALUE_STRING;
         out.u.string = v.toStringRef().c_str();
@@ -101,7 +112,8 @@ class CallFrame {
     }
   }
 
-  void fix_pointers(maxdev_value& out, size_t& next_tensor, size_t& next_int, size_t& next_float) {
+  void fix_pointers(maxdev_value& out, size_t& next_tensor, size_t& next_int, size_t& next_float,
+                    size_t& next_bool) {
     switch (out.kind) {
       case MAXDEV_VALUE_TENSOR: out.u.tensor = &tensors_[next_tensor++]; break;
       case MAXDEV_VALUE_TENSOR_LIST:
@@ -116,6 +128,10 @@ class CallFrame {
         out.u.float_list.data = floats_.data() + next_float;
         next_float += static_cast<size_t>(out.u.float_list.size);
         break;
+      case MAXDEV_VALUE_BOOL_LIST:
+        out.u.bool_list.data = bools_.data() + next_bool;
+        next_bool += static_cast<size_t>(out.u.bool_list.size);
+        break;
       default: break;
     }
   }
@@ -124,6 +140,7 @@ class CallFrame {
   c10::SmallVector<maxdev_tensor, 8> tensors_;
   c10::SmallVector<int64_t, 8> ints_;
   c10::SmallVector<double, 2> floats_;
+  c10::SmallVector<uint8_t, 4> bools_;
 };
 
 template <typename Fn>
