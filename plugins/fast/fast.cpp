@@ -47,6 +47,9 @@ using maxdev::Tensor;
 constexpr int64_t kGrain = 32768;
 // bfloat16 is converted to float32 in blocks of this many elements.
 constexpr int64_t kBlock = 1024;
+// Row kernels write outputs of at least this many bytes with streaming
+// stores (as simd_kernels.cpp's elementwise kernels do).
+constexpr int64_t kStreamBytes = int64_t{4} << 20;
 constexpr int kMaxDims = 16;
 
 struct State {
@@ -627,6 +630,7 @@ void native_layer_norm(Call& call) {
   std::vector<float> wbuf, bbuf;
   const float* w = param_f32(k, weight, d, wbuf);
   const float* b = param_f32(k, bias, d, bbuf);
+  const bool stream = d == Dt::f32 && out.numel() * 4 >= kStreamBytes;
   call.parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t r0, int64_t r1) {
     std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>(2 * n) : 0);
     for (int64_t r = r0; r < r1; ++r) {
@@ -634,7 +638,7 @@ void native_layer_norm(Call& call) {
       load_f32(k, input.data_ptr(), d, r * n, n, buf.data(), &x);
       float* y = d == Dt::f32 ? static_cast<float*>(out.data_ptr()) + r * n : buf.data() + n;
       float m, s;
-      k.layer_norm(x, w, b, eps, y, n, &m, &s);
+      k.layer_norm(x, w, b, eps, y, n, &m, &s, stream);
       if (d == Dt::f32) {
         static_cast<float*>(mean.data_ptr())[r] = m;
         static_cast<float*>(rstd.data_ptr())[r] = s;
@@ -675,6 +679,7 @@ void native_layer_norm_backward(Call& call) {
   // its own partials, added in chunk order, so results do not depend on the
   // thread count.
   const int64_t chunks = std::min<int64_t>(rows, 32), chunk_rows = (rows + chunks - 1) / chunks;
+  const bool stream = d == Dt::f32 && dx.numel() * 4 >= kStreamBytes;
   std::vector<float> partial(static_cast<size_t>(2 * chunks * n), 0.f);
   call.parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>(3 * n) : 0);
@@ -693,7 +698,7 @@ void native_layer_norm_backward(Call& call) {
           s = bf16_value(static_cast<const uint16_t*>(rstd.data_ptr())[r]);
         }
         float* out = d == Dt::f32 ? static_cast<float*>(dx.data_ptr()) + r * n : buf.data() + 2 * n;
-        k.layer_norm_backward(dy, x, m, s, w, out, pw, pw + n, n);
+        k.layer_norm_backward(dy, x, m, s, w, out, pw, pw + n, n, stream);
         if (d == Dt::bf16) k.f32_to_bf16(out, static_cast<uint16_t*>(dx.data_ptr()) + r * n, n);
       }
     }

@@ -49,14 +49,15 @@ struct Kernels {
   void (*softmax_backward)(const float* grad, const float* out, float* grad_in, int64_t n,
                            bool log);
   // One row of layer norm: y = (x - mean) * rstd * w + b (w, b may be
-  // null); stores the row's mean and rstd = 1 / sqrt(var + eps).
+  // null); stores the row's mean and rstd = 1 / sqrt(var + eps). `stream`:
+  // y bypasses the cache (a large output only evicts the inputs).
   void (*layer_norm)(const float* x, const float* w, const float* b, float eps, float* y, int64_t n,
-                     float* mean, float* rstd);
+                     float* mean, float* rstd, bool stream);
   // One row of its backward, with g = dy * w (dy if w is null) and
   // xhat = (x - mean) * rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
-  // dw_acc += dy * xhat, db_acc += dy.
+  // dw_acc += dy * xhat, db_acc += dy; `stream` as above, for dx.
   void (*layer_norm_backward)(const float* dy, const float* x, float mean, float rstd, const float* w,
-                              float* dx, float* dw_acc, float* db_acc, int64_t n);
+                              float* dx, float* dw_acc, float* db_acc, int64_t n, bool stream);
   void (*adamw)(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                 const AdamWStep& c);
   void (*bf16_to_f32)(const uint16_t* in, float* out, int64_t n);

@@ -352,37 +352,54 @@ void softmax_backward(const float* grad, const float* out, float* grad_in, int64
   }
 }
 
+// Runs f(i, vector, stream) over a row [0, n) whose output is `out`,
+// streaming the whole vectors when asked and out is 64-byte aligned.
+template <typename F>
+inline void for_row(float* out, int64_t n, bool stream, F f) {
+  stream = stream && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) f(i, true, stream);
+  for (; i < n; ++i) f(i, false, false);
+  stream_fence(stream);
+}
+
 void layer_norm(const float* x, const float* w, const float* b, float eps, float* y, int64_t n, float* mean_out,
-                float* rstd_out) {
+                float* rstd_out, bool stream) {
   const float mean = sum(x, n) / static_cast<float>(n);
-  vf vq{};
+  vf q0{}, q1{};
   float q = 0.f;
   int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const vf d0 = load(x + i) - mean, d1 = load(x + i + W) - mean;
+    q0 += d0 * d0;
+    q1 += d1 * d1;
+  }
   for (; i + W <= n; i += W) {
     const vf d = load(x + i) - mean;
-    vq += d * d;
+    q0 += d * d;
   }
   for (; i < n; ++i) q += (x[i] - mean) * (x[i] - mean);
-  q += hsum(vq);
+  q += hsum(q0 + q1);
   const float rstd = 1.f / __builtin_sqrtf(q / static_cast<float>(n) + eps);
-  for (i = 0; i + W <= n; i += W) {
-    vf v = (load(x + i) - mean) * rstd;
-    if (w != nullptr) v *= load(w + i);
-    if (b != nullptr) v += load(b + i);
-    store(y + i, v);
-  }
-  for (; i < n; ++i) {
-    float v = (x[i] - mean) * rstd;
-    if (w != nullptr) v *= w[i];
-    if (b != nullptr) v += b[i];
-    y[i] = v;
-  }
+  for_row(y, n, stream, [&](int64_t j, bool vec, bool streamed) {
+    if (vec) {
+      vf v = (load(x + j) - mean) * rstd;
+      if (w != nullptr) v *= load(w + j);
+      if (b != nullptr) v += load(b + j);
+      store_out(y + j, v, streamed);
+      return;
+    }
+    float v = (x[j] - mean) * rstd;
+    if (w != nullptr) v *= w[j];
+    if (b != nullptr) v += b[j];
+    y[j] = v;
+  });
   *mean_out = mean;
   *rstd_out = rstd;
 }
 
 void layer_norm_backward(const float* dy, const float* x, float mean, float rstd, const float* w, float* dx,
-                         float* dw_acc, float* db_acc, int64_t n) {
+                         float* dw_acc, float* db_acc, int64_t n, bool stream) {
   vf vg{}, vgx{};
   float sg = 0.f, sgx = 0.f;
   int64_t i = 0;
@@ -404,15 +421,16 @@ void layer_norm_backward(const float* dy, const float* x, float mean, float rstd
   if (dx == nullptr) return;
   const float inv_n = 1.f / static_cast<float>(n);
   const float mg = (sg + hsum(vg)) * inv_n, mgx = (sgx + hsum(vgx)) * inv_n;
-  for (i = 0; i + W <= n; i += W) {
-    const vf d = load(dy + i), xhat = (load(x + i) - mean) * rstd;
-    const vf g = w != nullptr ? d * load(w + i) : d;
-    store(dx + i, rstd * (g - mg - xhat * mgx));
-  }
-  for (; i < n; ++i) {
-    const float xhat = (x[i] - mean) * rstd, g = w != nullptr ? dy[i] * w[i] : dy[i];
-    dx[i] = rstd * (g - mg - xhat * mgx);
-  }
+  for_row(dx, n, stream, [&](int64_t j, bool vec, bool streamed) {
+    if (vec) {
+      const vf d = load(dy + j), xhat = (load(x + j) - mean) * rstd;
+      const vf g = w != nullptr ? d * load(w + j) : d;
+      store_out(dx + j, rstd * (g - mg - xhat * mgx), streamed);
+      return;
+    }
+    const float xhat = (x[j] - mean) * rstd, g = w != nullptr ? dy[j] * w[j] : dy[j];
+    dx[j] = rstd * (g - mg - xhat * mgx);
+  });
 }
 
 inline vf vsqrt(vf x) {
