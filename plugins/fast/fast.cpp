@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -906,9 +907,15 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
           const Matrix& B, float* C, float alpha, bool add) {
   const fast::Kernels& k = K(call);
   const int64_t mblocks = (M + kGemmMC - 1) / kGemmMC, nblocks = (N + kGemmNC - 1) / kGemmNC;
+  // Panels sized to this product, not to the largest block, and left
+  // uninitialized (packing writes every element read): a small GEMM (an
+  // attention head's bmm) must not pay for zeroing or mapping 350 KiB.
+  const int64_t round_nr = (std::min(N, kGemmNC) + fast::kGemmNR - 1) / fast::kGemmNR * fast::kGemmNR;
+  const int64_t round_mr = (std::min(M, kGemmMC) + fast::kGemmMR - 1) / fast::kGemmMR * fast::kGemmMR;
+  const size_t kc_max = static_cast<size_t>(std::max<int64_t>(1, std::min(Kd, fast::kGemmKC)));
   call.parallel_for(0, batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> bpack(static_cast<size_t>(fast::kGemmKC * kGemmNC));
-    std::vector<float> apack(static_cast<size_t>(fast::kGemmKC * kGemmMC));
+    std::unique_ptr<float[]> bpack(new float[kc_max * static_cast<size_t>(round_nr)]);
+    std::unique_ptr<float[]> apack(new float[kc_max * static_cast<size_t>(round_mr)]);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
       const int64_t m0 = mb * kGemmMC, mc = std::min(kGemmMC, M - m0);
@@ -919,11 +926,11 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
       }
       for (int64_t k0 = 0; k0 < Kd; k0 += fast::kGemmKC) {
         const int64_t kc = std::min(fast::kGemmKC, Kd - k0);
-        pack_b(B, b, k0, kc, n0, nc, bpack.data());
-        pack_a(A, b, m0, mc, k0, kc, apack.data());
+        pack_b(B, b, k0, kc, n0, nc, bpack.get());
+        pack_a(A, b, m0, mc, k0, kc, apack.get());
         for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
           for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
-            k.gemm_tile(kc, apack.data() + i0 * kc, bpack.data() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
+            k.gemm_tile(kc, apack.get() + i0 * kc, bpack.get() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
                         std::min(fast::kGemmMR, mc - i0), std::min(fast::kGemmNR, nc - j0), alpha,
                         add || k0 > 0);
           }
@@ -947,10 +954,17 @@ bool gemm_operand(const Tensor& t, Dt d, int64_t ndim) { return !t.is_cpu() && i
 // bfloat16 units (measured 13x faster than this float32 GEMM at 1024^3).
 bool gemm_dtype(const Tensor& t, Dt* d) { return dtype_of(t, d) && *d == Dt::f32; }
 
+// Products of fewer multiply-adds per matrix than this, or narrower than one
+// register tile, are left to the CPU: packing and edge tiles dominate them
+// (an attention head's 32x32x16 bmm measured 2.3-4.8x the CPU's time).
+constexpr int64_t kGemmMinMacs = 1 << 17;
+bool small_gemm(int64_t M, int64_t N, int64_t K) { return N < fast::kGemmNR || M * N * K < kGemmMinMacs; }
+
 void mm_out(Call& call) {
   const Tensor a = call.tensor(0), b = call.tensor(1);
   Dt d;
-  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0))
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0) ||
+      small_gemm(a.size(0), b.size(1), a.size(1)))
     throw Declined{};
   const Tensor out = writable_output(call, 0, {a.size(0), b.size(1)}, d, {a, b});
   if (out.numel() == 0) return;
@@ -961,7 +975,7 @@ void bmm_out(Call& call) {
   const Tensor a = call.tensor(0), b = call.tensor(1);
   Dt d;
   if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 3) || !gemm_operand(b, d, 3) || a.size(0) != b.size(0) ||
-      a.size(2) != b.size(1))
+      a.size(2) != b.size(1) || small_gemm(a.size(1), b.size(2), a.size(2)))
     throw Declined{};
   const Tensor out = writable_output(call, 0, {a.size(0), a.size(1), b.size(2)}, d, {a, b});
   if (out.numel() == 0) return;
@@ -975,7 +989,7 @@ void addmm_out(Call& call) {
   const float beta = static_cast<float>(call.real(3)), alpha = static_cast<float>(call.real(4));
   Dt d;
   if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0) ||
-      self.is_cpu() || !is(self, d) || self.ndim() > 2)
+      self.is_cpu() || !is(self, d) || self.ndim() > 2 || small_gemm(a.size(0), b.size(1), a.size(1)))
     throw Declined{};
   const int64_t M = a.size(0), N = b.size(1);
   // self broadcasts to [M, N]

@@ -39,7 +39,8 @@ def workload(device):
     b = torch.randn(129, generator=g)
     col = torch.randn(37, 1, generator=g)
     a, m = torch.randn(45, 67, generator=g), torch.randn(67, 51, generator=g)
-    batch = (torch.randn(3, 13, 40, generator=g), torch.randn(3, 40, 35, generator=g))
+    # (GEMMs under 2^17 multiply-adds per matrix are left to the CPU)
+    batch = (torch.randn(2, 50, 70, generator=g), torch.randn(2, 70, 45, generator=g))
     big = torch.randn(1 << 20, generator=g)  # streaming stores
     ln_w, ln_b = torch.randn(129, generator=g), torch.randn(129, generator=g)
     table = torch.randn(50, 129, generator=g)
@@ -78,9 +79,10 @@ def test_each_instruction_set_computes_what_the_cpu_computes(load_plugin, plugin
         pytest.skip(f"this CPU has no {isa}")
     monkeypatch.setenv("MAX_DEVICE_FAST_ISA", isa)
     load_plugin(plugin_file("fast"))
-    before = op_stats("aten::mm.out")[0]
+    gemms = ("aten::mm.out", "aten::bmm.out", "aten::addmm.out")
+    before = [op_stats(op)[0] for op in gemms]
     results = workload(DEVICE)
-    assert op_stats("aten::mm.out")[0] > before, "the plugin's GEMM did not run"
+    assert all(op_stats(op)[0] > n for op, n in zip(gemms, before)), "the plugin's GEMM did not run"
     assert_matches_cpu(results, workload("cpu"))
 
 
@@ -124,13 +126,14 @@ def test_bfloat16_is_served_and_rounded_once(fast):
     assert torch.equal(got, x * y)  # float32 product, one rounding: what the CPU gives
 
 
-@pytest.mark.parametrize("case", ["non-contiguous", "float64", "bfloat16 GEMM", "softmax dim 0"])
+@pytest.mark.parametrize("case", ["non-contiguous", "float64", "bfloat16 GEMM", "small GEMM", "softmax dim 0"])
 def test_what_it_does_not_serve_falls_to_the_cpu(fast, case):
     x = torch.randn(32, 48)
     op, run = {
         "non-contiguous": ("aten::add.out", lambda t: t.t() + 1),
         "float64": ("aten::add.out", lambda t: t.double() + 1),
         "bfloat16 GEMM": ("aten::mm.out", lambda t: t.bfloat16() @ t.bfloat16().t()),
+        "small GEMM": ("aten::mm.out", lambda t: t @ t.t()),  # 32x32x48 multiply-adds
         "softmax dim 0": ("aten::_softmax.out", lambda t: torch.softmax(t, 0)),
     }[case]
     expected = run(x)
