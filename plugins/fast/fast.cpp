@@ -1022,6 +1022,7 @@ void addmm_out(Call& call) {
 #define F32 MAXDEV_DTYPE_FLOAT32
 #define BF16 MAXDEV_DTYPE_BFLOAT16
 #define FLOATS (F32 | BF16)
+#define INDICES (MAXDEV_DTYPE_INT64 | MAXDEV_DTYPE_INT32)
 #define CONTIG MAXDEV_KERNEL_CONTIGUOUS_ONLY
 #define NOCPU MAXDEV_KERNEL_NO_CPU_TENSORS
 
@@ -1047,8 +1048,8 @@ void addmm_out(Call& call) {
   K("aten::bmm.out", "", MAXDEV_SDK_KERNEL(bmm_out), F32, NOCPU)                               \
   K("aten::native_layer_norm", "", MAXDEV_SDK_KERNEL(native_layer_norm), FLOATS, NOCPU)        \
   K("aten::native_layer_norm_backward", "", MAXDEV_SDK_KERNEL(native_layer_norm_backward), FLOATS, NOCPU) \
-  K("aten::embedding", "", MAXDEV_SDK_KERNEL(embedding), 0, NOCPU)                             \
-  K("aten::embedding_dense_backward", "", MAXDEV_SDK_KERNEL(embedding_dense_backward), 0, NOCPU) \
-  K("aten::_fused_adamw_", "", MAXDEV_SDK_KERNEL(fused_adamw), 0, NOCPU)
+  K("aten::embedding", "", MAXDEV_SDK_KERNEL(embedding), FLOATS | INDICES, NOCPU)              \
+  K("aten::embedding_dense_backward", "", MAXDEV_SDK_KERNEL(embedding_dense_backward), FLOATS | INDICES, NOCPU) \
+  K("aten::_fused_adamw_", "", MAXDEV_SDK_KERNEL(fused_adamw), FLOATS, NOCPU)
 
 MAXDEV_DEFINE_PLUGIN("fast", "1.0.0", FAST_KERNELS, init, teardown)
