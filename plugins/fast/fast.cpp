@@ -873,9 +873,9 @@ void pack_b(const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int6
     const float* src = B.data + b * B.sb + k0 * B.sr + (n0 + j0) * B.sc;
     if (B.sc == 1) {
       for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * NR, src + p * B.sr, static_cast<size_t>(nr) * 4);
-    } else {  // column-major (a transposed operand): read each column in order
-      for (int64_t j = 0; j < nr; ++j)
-        for (int64_t p = 0; p < kc; ++p) panel[p * NR + j] = src[j * B.sc + p * B.sr];
+    } else {  // a transposed operand: the panel is written in order, its columns read as streams
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t j = 0; j < nr; ++j) panel[p * NR + j] = src[j * B.sc + p * B.sr];
     }
     if (nr < NR)
       for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * NR + nr, panel + (p + 1) * NR, 0.f);
@@ -891,9 +891,9 @@ void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int6
     const float* src = A.data + b * A.sb + (m0 + i0) * A.sr + k0 * A.sc;
     if (A.sr == 1) {  // column-major (a transposed operand)
       for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * MR, src + p * A.sc, static_cast<size_t>(mr) * 4);
-    } else {
-      for (int64_t r = 0; r < mr; ++r)
-        for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = src[r * A.sr + p * A.sc];
+    } else {  // row-major: the panel is written in order, its rows read as streams
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < mr; ++r) panel[p * MR + r] = src[r * A.sr + p * A.sc];
     }
     if (mr < MR)
       for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * MR + mr, panel + (p + 1) * MR, 0.f);
