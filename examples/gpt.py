@@ -158,9 +158,10 @@ def make_model(config: GPTConfig, seed: int, device: str = "cpu") -> GPT:
 
 
 def make_optimizer(model: GPT) -> torch.optim.Optimizer:
-    # foreach=False: the per-tensor AdamW on every device (PyTorch would pick
-    # the _foreach_ variant for max_device and the per-tensor one for the CPU).
-    return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01, foreach=False)
+    # fused=True: the same AdamW on every device, one _fused_adamw_ call per
+    # step for all parameters (by default PyTorch would pick the _foreach_
+    # variant for max_device and the per-tensor one for the CPU).
+    return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01, fused=True)
 
 
 def train_step(model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,

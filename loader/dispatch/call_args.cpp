@@ -67,6 +67,15 @@ void CallArgs::add_boxed(const c10::IValue& v, size_t arg) {
       for (double x : list) floats_.push_back(x);
       return;
     }
+    case ArgKind::bool_list: {
+      const auto list = v.toBoolList();
+      maxdev_value& out = next_value();
+      out.kind = MAXDEV_VALUE_BOOL_LIST;
+      out.u.bool_list.data = offset_as_pointer<uint8_t>(bools_.size());
+      out.u.bool_list.size = static_cast<int64_t>(list.size());
+      for (bool x : list) bools_.push_back(x ? 1 : 0);
+      return;
+    }
     case ArgKind::string: {
       maxdev_value& out = next_value();
       out.kind = MAXDEV_VALUE_STRING;
@@ -188,6 +197,9 @@ void CallArgs::finish() {
       case MAXDEV_VALUE_INT_LIST: v.u.int_list.data = ints_.data() + pointer_as_offset(v.u.int_list.data); break;
       case MAXDEV_VALUE_FLOAT_LIST:
         v.u.float_list.data = floats_.data() + pointer_as_offset(v.u.float_list.data);
+        break;
+      case MAXDEV_VALUE_BOOL_LIST:
+        v.u.bool_list.data = bools_.data() + pointer_as_offset(v.u.bool_list.data);
         break;
       case MAXDEV_VALUE_STRING:
         if (box_ != nullptr) v.u.string = strings_.data() + pointer_as_offset(v.u.string);

@@ -87,6 +87,7 @@ class CallArgs {
   c10::SmallVector<const at::Tensor*, 8> tensors_;
   c10::SmallVector<int64_t, 8> ints_;
   c10::SmallVector<double, 2> floats_;
+  c10::SmallVector<uint8_t, 4> bools_;
   std::string strings_;  // each NUL-terminated, for string_view arguments
   bool passable_ = true;
   c10::DeviceIndex device_index_ = -1;

@@ -525,8 +525,9 @@ void register_cpu_kernel_routes(torch::Library& m) {
   // native_layer_norm has a CompositeExplicitAutograd kernel (through
   // native_batch_norm) that would take precedence over the fallback: run
   // the CPU's layer-norm kernel instead, so a model computes what it
-  // computes on the CPU, bit for bit.
-  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
+  // computes on the CPU, bit for bit. Its trampoline carries the route, so
+  // a plugin kernel can serve the op too.
+  OpTable::instance().route_to_cpu_kernel("aten::native_layer_norm");
   direct_fallbacks();
 }
 

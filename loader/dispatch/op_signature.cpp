@@ -22,6 +22,7 @@ std::optional<ArgKind> kind_of(const c10::TypePtr& type) {
         case K::IntType:
         case K::SymIntType: return ArgKind::int_list;
         case K::FloatType: return ArgKind::float_list;
+        case K::BoolType: return ArgKind::bool_list;
         case K::TensorType: return ArgKind::tensor_list;
         default: return std::nullopt;
       }
@@ -71,6 +72,13 @@ SignatureResult plan_signature(const c10::FunctionSchema& schema) {
     sig.return_aliases.push_back(alias);
   }
   return {std::move(sig), {}};
+}
+
+uint32_t abi_minor_needed(const OpSignature& sig) {
+  for (const auto& arg : sig.args) {
+    if (arg.kind == ArgKind::bool_list) return 3;
+  }
+  return 0;
 }
 
 }  // namespace maxdev::dispatch

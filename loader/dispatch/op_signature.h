@@ -11,7 +11,7 @@
 namespace maxdev::dispatch {
 
 enum class ArgKind : uint8_t {
-  tensor, int_, float_, bool_, scalar, int_list, float_list, tensor_list, string, dtype
+  tensor, int_, float_, bool_, scalar, int_list, float_list, bool_list, tensor_list, string, dtype
 };
 
 struct ArgPlan {
@@ -33,5 +33,9 @@ struct SignatureResult {
   std::string why_not;
 };
 SignatureResult plan_signature(const c10::FunctionSchema& schema);
+
+// The ABI minor version a plugin must be built against to be passed this
+// op's arguments (1.3 added bool[]); an older plugin is refused the op.
+uint32_t abi_minor_needed(const OpSignature& sig);
 
 }  // namespace maxdev::dispatch

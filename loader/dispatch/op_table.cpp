@@ -118,12 +118,12 @@ OpTable::Checked OpTable::validate(const std::string& op) const {
   return {*handle, std::move(*plan.signature)};
 }
 
-void OpTable::check(const std::string& op) const {
+OpSignature OpTable::check(const std::string& op) const {
   std::lock_guard lock(slots_mutex_);
   for (const auto& s : slots_) {
-    if (!s->retired && s->name == op) return;
+    if (!s->retired && s->name == op) return s->sig;
   }
-  validate(op);
+  return validate(op).sig;
 }
 
 OpSlot& OpTable::slot(const std::string& op) {
@@ -140,6 +140,10 @@ OpSlot& OpTable::slot(const std::string& op) {
   log::debug(std::string(slot->unboxed ? "unboxed" : "boxed") + " trampoline registered for " + op);
   slots_.push_back(std::move(slot));
   return *slots_.back();
+}
+
+void OpTable::route_to_cpu_kernel(const std::string& op) {
+  if (!slot(op).has_cpu_kernel) throw std::logic_error(op + " has no CPU kernel to route to");
 }
 
 std::unique_ptr<DispatchTable> OpTable::copy_current() const {

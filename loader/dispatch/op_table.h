@@ -159,8 +159,15 @@ class OpTable {
   // plugin (unknown, natively served by max_device, unpassable schema).
   OpSlot& slot(const std::string& op);
 
-  // The same checks as slot(), without registering anything.
-  void check(const std::string& op) const;
+  // The same checks as slot(), without registering anything; returns how
+  // the op's arguments cross the ABI.
+  OpSignature check(const std::string& op) const;
+
+  // Makes `op` run PyTorch's CPU kernel on the device's bytes where a
+  // composite kernel would otherwise win over the fallback: registers the
+  // op's trampoline now, whose path with no provider is that CPU kernel, so
+  // a plugin kernel can still serve the op and unloading it restores this.
+  void route_to_cpu_kernel(const std::string& op);
 
   // Makes `table` current (one atomic store), waits until no call can see
   // the previous table, then frees it. Callers serialize writes.

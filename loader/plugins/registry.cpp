@@ -260,9 +260,20 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
       ctx.fail(ErrorKind::schema, "op names are 'namespace::name[.overload]'", k.op);
     }
     const std::string ns = k.op.substr(0, sep);
+    auto check_abi_kinds = [&](const dispatch::OpSignature& sig) {
+      const uint32_t needed = dispatch::abi_minor_needed(sig);
+      if (manifest.abi_minor < needed) {
+        ctx.fail(ErrorKind::schema,
+                 "its arguments include a kind of value ABI " + std::to_string(manifest.abi_major) + "." +
+                     std::to_string(needed) + " added (bool[]), but the plugin was built against ABI " +
+                     std::to_string(manifest.abi_major) + "." + std::to_string(manifest.abi_minor) +
+                     "; rebuild it against the current plugin_api",
+                 k.op);
+      }
+    };
     auto check_servable = [&] {
       try {
-        OpTable::instance().check(k.op);
+        check_abi_kinds(OpTable::instance().check(k.op));
         dispatch::check_dispatch_kind(k.op, options.allow_composite);
       } catch (const std::invalid_argument& e) {
         ctx.fail(ErrorKind::schema, e.what(), k.op);
@@ -320,6 +331,7 @@ PluginRegistry::Prepared PluginRegistry::prepare(const std::string& path, const 
     }
     auto plan = dispatch::plan_signature(parsed);
     if (!plan.signature) ctx.fail(ErrorKind::schema, "cannot be served by a plugin: " + plan.why_not, k.op);
+    check_abi_kinds(*plan.signature);
     prepared.to_define.push_back(&k);
   }
 

@@ -3,12 +3,10 @@
 // float32 and bfloat16 kernels for the ops a transformer's training step
 // spends its time in: add/sub/mul/div with broadcasting, relu, gelu and their
 // backwards, sum/mean over dims, softmax/log_softmax and their backwards,
-// and mm/addmm/bmm with a packed, blocked GEMM. Being .out kernels of
-// structured ops, each also serves the functional and in-place variants.
-// (Layer norm and embedding are not here: max_device routes
-// native_layer_norm to the CPU's kernel itself, embedding has a
-// CompositeExplicitAutograd kernel, so neither op takes a plugin, and
-// native_layer_norm_backward's bool[3] argument has no ABI value kind.)
+// layer norm and embedding and their backwards, AdamW's fused update, and
+// mm/addmm/bmm with a packed, blocked GEMM. Being .out kernels of
+// structured ops, the elementwise ones also serve the functional and
+// in-place variants.
 //
 // Speed comes from two places:
 //   - vectors: the compute kernels (simd_kernels.cpp) are compiled for
@@ -26,11 +24,14 @@
 // error then).
 #include <max_device/plugin.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ using maxdev::Tensor;
 constexpr int64_t kGrain = 32768;
 // bfloat16 is converted to float32 in blocks of this many elements.
 constexpr int64_t kBlock = 1024;
+// Row kernels write outputs of at least this many bytes with streaming
+// stores (as simd_kernels.cpp's elementwise kernels do).
+constexpr int64_t kStreamBytes = int64_t{4} << 20;
 constexpr int kMaxDims = 16;
 
 struct State {
@@ -572,6 +576,280 @@ void softmax_backward_out(Call& call) { softmax_backward_impl(call, false); }
 void log_softmax_backward_out(Call& call) { softmax_backward_impl(call, true); }
 
 // ---------------------------------------------------------------------------
+// Layer norm over the trailing dims `normalized_shape`: rows of N elements.
+
+// N (the product of normalized_shape) when it names input's trailing dims
+// and weight/bias (if set) are contiguous device tensors of that shape and
+// dtype d; else declined (PyTorch raises its own error for a mismatch).
+int64_t layer_norm_row_size(const Tensor& input, maxdev::ArrayView<int64_t> normalized, Dt d,
+                            std::initializer_list<std::optional<Tensor>> params) {
+  const int64_t axis = input.ndim() - static_cast<int64_t>(normalized.size());
+  if (normalized.size() == 0 || axis < 0) throw Declined{};
+  int64_t n = 1;
+  for (size_t i = 0; i < normalized.size(); ++i) {
+    if (input.size(axis + static_cast<int64_t>(i)) != normalized[i]) throw Declined{};
+    n *= normalized[i];
+  }
+  for (const auto& p : params)
+    if (p && (!device_contiguous(*p, d) || p->numel() != n)) throw Declined{};
+  if (n == 0 || input.numel() == 0) throw Declined{};
+  return n;
+}
+
+// The shape of layer norm's mean and rstd: input's leading dims, then 1s.
+std::vector<int64_t> layer_norm_stat_shape(const Tensor& input, size_t normalized_dims) {
+  std::vector<int64_t> shape = shape_of(input);
+  for (size_t i = shape.size() - normalized_dims; i < shape.size(); ++i) shape[i] = 1;
+  return shape;
+}
+
+// A float32 view of parameter p (weight/bias) or null; bfloat16 is
+// converted into buf.
+const float* param_f32(const fast::Kernels& k, const std::optional<Tensor>& p, Dt d, std::vector<float>& buf) {
+  if (!p) return nullptr;
+  const float* view;
+  if (d == Dt::bf16) buf.resize(static_cast<size_t>(p->numel()));
+  load_f32(k, p->data_ptr(), d, 0, p->numel(), buf.data(), &view);
+  return view;
+}
+
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+void native_layer_norm(Call& call) {
+  const Tensor input = call.tensor(0);
+  const auto normalized = call.int_list(1);
+  const auto weight = call.optional_tensor(2), bias = call.optional_tensor(3);
+  const float eps = static_cast<float>(call.real(4));
+  Dt d;
+  if (!dtype_of(input, &d) || !device_contiguous(input, d)) throw Declined{};
+  const int64_t n = layer_norm_row_size(input, normalized, d, {weight, bias});
+  const int64_t rows = input.numel() / n;
+  const maxdev_dtype dt = abi_dtype(d);
+  const Tensor out = call.alloc_output(0, dt, input.shape());
+  const std::vector<int64_t> stat_shape = layer_norm_stat_shape(input, normalized.size());
+  const Tensor mean = call.alloc_output(1, dt, stat_shape), rstd = call.alloc_output(2, dt, stat_shape);
+  const fast::Kernels& k = K(call);
+  std::vector<float> wbuf, bbuf;
+  const float* w = param_f32(k, weight, d, wbuf);
+  const float* b = param_f32(k, bias, d, bbuf);
+  const bool stream = d == Dt::f32 && out.numel() * 4 >= kStreamBytes;
+  call.parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>(2 * n) : 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x;
+      load_f32(k, input.data_ptr(), d, r * n, n, buf.data(), &x);
+      float* y = d == Dt::f32 ? static_cast<float*>(out.data_ptr()) + r * n : buf.data() + n;
+      float m, s;
+      k.layer_norm(x, w, b, eps, y, n, &m, &s, stream);
+      if (d == Dt::f32) {
+        static_cast<float*>(mean.data_ptr())[r] = m;
+        static_cast<float*>(rstd.data_ptr())[r] = s;
+      } else {
+        k.f32_to_bf16(y, static_cast<uint16_t*>(out.data_ptr()) + r * n, n);
+        k.f32_to_bf16(&m, static_cast<uint16_t*>(mean.data_ptr()) + r, 1);
+        k.f32_to_bf16(&s, static_cast<uint16_t*>(rstd.data_ptr()) + r, 1);
+      }
+    }
+  });
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
+// weight?, bias?, bool[3] output_mask) -> (grad_input, grad_weight, grad_bias).
+// Every output must be allocated, so only an all-true mask (with weight and
+// bias) is served; the others are declined.
+void native_layer_norm_backward(Call& call) {
+  const Tensor grad = call.tensor(0), input = call.tensor(1);
+  const auto normalized = call.int_list(2);
+  const Tensor mean = call.tensor(3), rstd = call.tensor(4);
+  const auto weight = call.optional_tensor(5), bias = call.optional_tensor(6);
+  const auto mask = call.bool_list(7);
+  if (mask.size() != 3 || !mask[0] || !mask[1] || !mask[2] || !weight || !bias) throw Declined{};
+  Dt d;
+  if (!dtype_of(input, &d) || !device_contiguous(input, d) || !device_contiguous(grad, d) ||
+      !same_shape(grad, input) || !device_contiguous(mean, d) || !device_contiguous(rstd, d))
+    throw Declined{};
+  const int64_t n = layer_norm_row_size(input, normalized, d, {weight, bias});
+  const int64_t rows = input.numel() / n;
+  if (mean.numel() != rows || rstd.numel() != rows) throw Declined{};
+  const maxdev_dtype dt = abi_dtype(d);
+  const Tensor dx = call.alloc_output(0, dt, input.shape());
+  const Tensor dw = call.alloc_output(1, dt, weight->shape()), db = call.alloc_output(2, dt, bias->shape());
+  const fast::Kernels& k = K(call);
+  std::vector<float> wbuf;
+  const float* w = param_f32(k, weight, d, wbuf);
+  // dw and db sum over rows: each of a fixed number of row chunks sums into
+  // its own partials, added in chunk order, so results do not depend on the
+  // thread count.
+  const int64_t chunks = std::min<int64_t>(rows, 32), chunk_rows = (rows + chunks - 1) / chunks;
+  const bool stream = d == Dt::f32 && dx.numel() * 4 >= kStreamBytes;
+  std::vector<float> partial(static_cast<size_t>(2 * chunks * n), 0.f);
+  call.parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>(3 * n) : 0);
+    for (int64_t c = c0; c < c1; ++c) {
+      float* pw = partial.data() + 2 * c * n;
+      for (int64_t r = c * chunk_rows; r < std::min(rows, (c + 1) * chunk_rows); ++r) {
+        const float *dy, *x;
+        load_f32(k, grad.data_ptr(), d, r * n, n, buf.data(), &dy);
+        load_f32(k, input.data_ptr(), d, r * n, n, buf.data() + n, &x);
+        float m, s;
+        if (d == Dt::f32) {
+          m = static_cast<const float*>(mean.data_ptr())[r];
+          s = static_cast<const float*>(rstd.data_ptr())[r];
+        } else {
+          m = bf16_value(static_cast<const uint16_t*>(mean.data_ptr())[r]);
+          s = bf16_value(static_cast<const uint16_t*>(rstd.data_ptr())[r]);
+        }
+        float* out = d == Dt::f32 ? static_cast<float*>(dx.data_ptr()) + r * n : buf.data() + 2 * n;
+        k.layer_norm_backward(dy, x, m, s, w, out, pw, pw + n, n, stream);
+        if (d == Dt::bf16) k.f32_to_bf16(out, static_cast<uint16_t*>(dx.data_ptr()) + r * n, n);
+      }
+    }
+  });
+  for (int64_t c = 1; c < chunks; ++c) k.accumulate(partial.data(), partial.data() + 2 * c * n, 2 * n);
+  if (d == Dt::f32) {
+    std::memcpy(dw.data_ptr(), partial.data(), static_cast<size_t>(n) * 4);
+    std::memcpy(db.data_ptr(), partial.data() + n, static_cast<size_t>(n) * 4);
+  } else {
+    k.f32_to_bf16(partial.data(), static_cast<uint16_t*>(dw.data_ptr()), n);
+    k.f32_to_bf16(partial.data() + n, static_cast<uint16_t*>(db.data_ptr()), n);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Embedding: rows of a [num, dim] table gathered by int64/int32 indices, and
+// the gradient scattered back.
+
+// The indices as int64 values, or declined for another dtype, a
+// non-contiguous tensor or an index outside [0, num) (PyTorch's IndexError).
+std::vector<int64_t> embedding_indices(const Tensor& indices, int64_t num) {
+  if (indices.is_cpu() || !indices.is_contiguous()) throw Declined{};
+  const int64_t count = indices.numel();
+  std::vector<int64_t> out(static_cast<size_t>(count));
+  if (indices.has_dtype(maxdev::kInt64)) {
+    std::memcpy(out.data(), indices.data_ptr(), static_cast<size_t>(count) * 8);
+  } else if (indices.has_dtype(maxdev::kInt32)) {
+    const int32_t* p = static_cast<const int32_t*>(indices.data_ptr());
+    for (int64_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = p[i];
+  } else {
+    throw Declined{};
+  }
+  for (int64_t v : out)
+    if (v < 0 || v >= num) throw Declined{};
+  return out;
+}
+
+// embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse) -> weight[indices]
+void embedding(Call& call) {
+  const Tensor weight = call.tensor(0), indices = call.tensor(1);
+  Dt d;
+  if (!dtype_of(weight, &d) || !device_contiguous(weight, d) || weight.ndim() != 2) throw Declined{};
+  const int64_t dim = weight.size(1);
+  const std::vector<int64_t> idx = embedding_indices(indices, weight.size(0));
+  std::vector<int64_t> shape = shape_of(indices);
+  shape.push_back(dim);
+  const Tensor out = call.alloc_output(0, abi_dtype(d), shape);
+  const size_t row_bytes = static_cast<size_t>(dim) * (d == Dt::f32 ? 4 : 2);
+  const char* src = static_cast<const char*>(weight.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  call.parallel_for(0, static_cast<int64_t>(idx.size()), std::max<int64_t>(1, kGrain / std::max<int64_t>(dim, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t i = b; i < e; ++i)
+                        std::memcpy(dst + i * row_bytes, src + idx[static_cast<size_t>(i)] * row_bytes, row_bytes);
+                    });
+}
+
+// embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
+// scale_grad_by_freq) -> grad_weight. Each task owns a range of weight rows
+// and adds the gradients of their indices in index order, so results do not
+// depend on the thread count. scale_grad_by_freq is declined.
+void embedding_dense_backward(Call& call) {
+  const Tensor grad = call.tensor(0), indices = call.tensor(1);
+  const int64_t num = call.integer(2), padding_idx = call.integer(3);
+  if (call.boolean(4) || num < 0) throw Declined{};
+  Dt d;
+  if (!dtype_of(grad, &d) || !device_contiguous(grad, d) || grad.ndim() != indices.ndim() + 1) throw Declined{};
+  for (int64_t i = 0; i < indices.ndim(); ++i)
+    if (grad.size(i) != indices.size(i)) throw Declined{};
+  const int64_t dim = grad.size(-1);
+  const std::vector<int64_t> idx = embedding_indices(indices, num);
+  const Tensor out = call.alloc_output(0, abi_dtype(d), {num, dim});
+  const fast::Kernels& k = K(call);
+  const int64_t count = static_cast<int64_t>(idx.size());
+  call.parallel_for(0, num, std::max<int64_t>(1, kGrain / std::max<int64_t>(count * dim / std::max<int64_t>(num, 1), 1)),
+                    [&](int64_t r0, int64_t r1) {
+    std::vector<float> acc(static_cast<size_t>((r1 - r0) * dim), 0.f), buf(d == Dt::bf16 ? static_cast<size_t>(dim) : 0);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = idx[static_cast<size_t>(i)];
+      if (r < r0 || r >= r1 || r == padding_idx) continue;
+      const float* g;
+      load_f32(k, grad.data_ptr(), d, i * dim, dim, buf.data(), &g);
+      k.accumulate(acc.data() + (r - r0) * dim, g, dim);
+    }
+    if (d == Dt::f32) std::memcpy(static_cast<float*>(out.data_ptr()) + r0 * dim, acc.data(), acc.size() * 4);
+    else k.f32_to_bf16(acc.data(), static_cast<uint16_t*>(out.data_ptr()) + r0 * dim, static_cast<int64_t>(acc.size()));
+  });
+}
+
+// ---------------------------------------------------------------------------
+// AdamW: _fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+// state_steps, *, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
+// grad_scale?, found_inf?), what torch.optim.AdamW(fused=True) calls once
+// per step for all parameters. amsgrad and gradient scaling are declined.
+
+void fused_adamw(Call& call) {
+  const std::vector<Tensor> params = call.tensor_list(0), grads = call.tensor_list(1),
+                            exp_avgs = call.tensor_list(2), exp_avg_sqs = call.tensor_list(3),
+                            steps = call.tensor_list(5);
+  const double lr = call.real(6), beta1 = call.real(7), beta2 = call.real(8), weight_decay = call.real(9);
+  const float eps = static_cast<float>(call.real(10));
+  if (call.boolean(11) || !call.is_none(13) || !call.is_none(14)) throw Declined{};
+  const size_t count = params.size();
+  if (grads.size() != count || exp_avgs.size() != count || exp_avg_sqs.size() != count || steps.size() != count)
+    throw Declined{};
+  if (count == 0) return;
+  Dt d;
+  if (!dtype_of(params[0], &d)) throw Declined{};
+  // Constants per tensor (its own step), and where each starts in the
+  // concatenation of all, which the threads split evenly.
+  std::vector<fast::AdamWStep> consts(count);
+  std::vector<int64_t> start(count + 1, 0);
+  for (size_t t = 0; t < count; ++t) {
+    for (const Tensor* x : {&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t]})
+      if (!device_contiguous(*x, d) || !same_shape(*x, params[t])) throw Declined{};
+    if (steps[t].numel() != 1 || !steps[t].has_dtype(maxdev::kFloat32)) throw Declined{};
+    const double step = *static_cast<const float*>(steps[t].data_ptr());
+    const double bias_correction1 = 1 - std::pow(beta1, step), bias_correction2 = 1 - std::pow(beta2, step);
+    consts[t] = {static_cast<float>(1 - lr * weight_decay), static_cast<float>(1 - beta1), static_cast<float>(beta2),
+                 static_cast<float>(1 - beta2), static_cast<float>(lr / bias_correction1),
+                 static_cast<float>(1 / std::sqrt(bias_correction2)), eps, call.boolean(12)};
+    start[t + 1] = start[t] + params[t].numel();
+  }
+  const fast::Kernels& k = K(call);
+  call.parallel_for(0, start[count], kGrain, [&](int64_t b, int64_t e) {
+    size_t t = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
+    float buf[4][kBlock];
+    for (; t < count && start[t] < e; ++t) {
+      const int64_t lo = std::max(b, start[t]) - start[t], hi = std::min(e, start[t + 1]) - start[t];
+      void* p = params[t].data_ptr();
+      const void* g = grads[t].data_ptr();
+      void* m = exp_avgs[t].data_ptr();
+      void* v = exp_avg_sqs[t].data_ptr();
+      if (d == Dt::f32) {
+        k.adamw(static_cast<float*>(p) + lo, static_cast<const float*>(g) + lo, static_cast<float*>(m) + lo,
+                static_cast<float*>(v) + lo, hi - lo, consts[t]);
+        continue;
+      }
+      for (int64_t c = lo; c < hi; c += kBlock) {
+        const int64_t n = std::min(kBlock, hi - c);
+        void* io[4] = {p, const_cast<void*>(g), m, v};
+        for (int i = 0; i < 4; ++i) k.bf16_to_f32(static_cast<const uint16_t*>(io[i]) + c, buf[i], n);
+        k.adamw(buf[0], buf[1], buf[2], buf[3], n, consts[t]);
+        for (int i : {0, 2, 3}) k.f32_to_bf16(buf[i], static_cast<uint16_t*>(io[i]) + c, n);
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
 // GEMM (float32): C[b] (+)= alpha * A[b] @ B[b] with A, B of any strides
 // (packed into panels), C contiguous. Tasks are (batch, 192-row, 512-col)
 // blocks of C.
@@ -595,9 +873,9 @@ void pack_b(const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int6
     const float* src = B.data + b * B.sb + k0 * B.sr + (n0 + j0) * B.sc;
     if (B.sc == 1) {
       for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * NR, src + p * B.sr, static_cast<size_t>(nr) * 4);
-    } else {  // column-major (a transposed operand): read each column in order
-      for (int64_t j = 0; j < nr; ++j)
-        for (int64_t p = 0; p < kc; ++p) panel[p * NR + j] = src[j * B.sc + p * B.sr];
+    } else {  // a transposed operand: the panel is written in order, its columns read as streams
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t j = 0; j < nr; ++j) panel[p * NR + j] = src[j * B.sc + p * B.sr];
     }
     if (nr < NR)
       for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * NR + nr, panel + (p + 1) * NR, 0.f);
@@ -613,9 +891,9 @@ void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int6
     const float* src = A.data + b * A.sb + (m0 + i0) * A.sr + k0 * A.sc;
     if (A.sr == 1) {  // column-major (a transposed operand)
       for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * MR, src + p * A.sc, static_cast<size_t>(mr) * 4);
-    } else {
-      for (int64_t r = 0; r < mr; ++r)
-        for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = src[r * A.sr + p * A.sc];
+    } else {  // row-major: the panel is written in order, its rows read as streams
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < mr; ++r) panel[p * MR + r] = src[r * A.sr + p * A.sc];
     }
     if (mr < MR)
       for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * MR + mr, panel + (p + 1) * MR, 0.f);
@@ -629,9 +907,15 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
           const Matrix& B, float* C, float alpha, bool add) {
   const fast::Kernels& k = K(call);
   const int64_t mblocks = (M + kGemmMC - 1) / kGemmMC, nblocks = (N + kGemmNC - 1) / kGemmNC;
+  // Panels sized to this product, not to the largest block, and left
+  // uninitialized (packing writes every element read): a small GEMM (an
+  // attention head's bmm) must not pay for zeroing or mapping 350 KiB.
+  const int64_t round_nr = (std::min(N, kGemmNC) + fast::kGemmNR - 1) / fast::kGemmNR * fast::kGemmNR;
+  const int64_t round_mr = (std::min(M, kGemmMC) + fast::kGemmMR - 1) / fast::kGemmMR * fast::kGemmMR;
+  const size_t kc_max = static_cast<size_t>(std::max<int64_t>(1, std::min(Kd, fast::kGemmKC)));
   call.parallel_for(0, batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> bpack(static_cast<size_t>(fast::kGemmKC * kGemmNC));
-    std::vector<float> apack(static_cast<size_t>(fast::kGemmKC * kGemmMC));
+    std::unique_ptr<float[]> bpack(new float[kc_max * static_cast<size_t>(round_nr)]);
+    std::unique_ptr<float[]> apack(new float[kc_max * static_cast<size_t>(round_mr)]);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
       const int64_t m0 = mb * kGemmMC, mc = std::min(kGemmMC, M - m0);
@@ -642,11 +926,11 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
       }
       for (int64_t k0 = 0; k0 < Kd; k0 += fast::kGemmKC) {
         const int64_t kc = std::min(fast::kGemmKC, Kd - k0);
-        pack_b(B, b, k0, kc, n0, nc, bpack.data());
-        pack_a(A, b, m0, mc, k0, kc, apack.data());
+        pack_b(B, b, k0, kc, n0, nc, bpack.get());
+        pack_a(A, b, m0, mc, k0, kc, apack.get());
         for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
           for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
-            k.gemm_tile(kc, apack.data() + i0 * kc, bpack.data() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
+            k.gemm_tile(kc, apack.get() + i0 * kc, bpack.get() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
                         std::min(fast::kGemmMR, mc - i0), std::min(fast::kGemmNR, nc - j0), alpha,
                         add || k0 > 0);
           }
@@ -670,10 +954,17 @@ bool gemm_operand(const Tensor& t, Dt d, int64_t ndim) { return !t.is_cpu() && i
 // bfloat16 units (measured 13x faster than this float32 GEMM at 1024^3).
 bool gemm_dtype(const Tensor& t, Dt* d) { return dtype_of(t, d) && *d == Dt::f32; }
 
+// Products of fewer multiply-adds per matrix than this, or narrower than one
+// register tile, are left to the CPU: packing and edge tiles dominate them
+// (an attention head's 32x32x16 bmm measured 2.3-4.8x the CPU's time).
+constexpr int64_t kGemmMinMacs = 1 << 17;
+bool small_gemm(int64_t M, int64_t N, int64_t K) { return N < fast::kGemmNR || M * N * K < kGemmMinMacs; }
+
 void mm_out(Call& call) {
   const Tensor a = call.tensor(0), b = call.tensor(1);
   Dt d;
-  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0))
+  if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0) ||
+      small_gemm(a.size(0), b.size(1), a.size(1)))
     throw Declined{};
   const Tensor out = writable_output(call, 0, {a.size(0), b.size(1)}, d, {a, b});
   if (out.numel() == 0) return;
@@ -684,7 +975,7 @@ void bmm_out(Call& call) {
   const Tensor a = call.tensor(0), b = call.tensor(1);
   Dt d;
   if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 3) || !gemm_operand(b, d, 3) || a.size(0) != b.size(0) ||
-      a.size(2) != b.size(1))
+      a.size(2) != b.size(1) || small_gemm(a.size(1), b.size(2), a.size(2)))
     throw Declined{};
   const Tensor out = writable_output(call, 0, {a.size(0), a.size(1), b.size(2)}, d, {a, b});
   if (out.numel() == 0) return;
@@ -698,7 +989,7 @@ void addmm_out(Call& call) {
   const float beta = static_cast<float>(call.real(3)), alpha = static_cast<float>(call.real(4));
   Dt d;
   if (!gemm_dtype(a, &d) || !gemm_operand(a, d, 2) || !gemm_operand(b, d, 2) || a.size(1) != b.size(0) ||
-      self.is_cpu() || !is(self, d) || self.ndim() > 2)
+      self.is_cpu() || !is(self, d) || self.ndim() > 2 || small_gemm(a.size(0), b.size(1), a.size(1)))
     throw Declined{};
   const int64_t M = a.size(0), N = b.size(1);
   // self broadcasts to [M, N]
@@ -731,6 +1022,7 @@ void addmm_out(Call& call) {
 #define F32 MAXDEV_DTYPE_FLOAT32
 #define BF16 MAXDEV_DTYPE_BFLOAT16
 #define FLOATS (F32 | BF16)
+#define INDICES (MAXDEV_DTYPE_INT64 | MAXDEV_DTYPE_INT32)
 #define CONTIG MAXDEV_KERNEL_CONTIGUOUS_ONLY
 #define NOCPU MAXDEV_KERNEL_NO_CPU_TENSORS
 
@@ -753,6 +1045,11 @@ void addmm_out(Call& call) {
   K("aten::_log_softmax_backward_data.out", "", MAXDEV_SDK_KERNEL(log_softmax_backward_out), FLOATS, NOCPU) \
   K("aten::mm.out", "", MAXDEV_SDK_KERNEL(mm_out), F32, NOCPU)                                 \
   K("aten::addmm.out", "", MAXDEV_SDK_KERNEL(addmm_out), F32, NOCPU)                           \
-  K("aten::bmm.out", "", MAXDEV_SDK_KERNEL(bmm_out), F32, NOCPU)
+  K("aten::bmm.out", "", MAXDEV_SDK_KERNEL(bmm_out), F32, NOCPU)                               \
+  K("aten::native_layer_norm", "", MAXDEV_SDK_KERNEL(native_layer_norm), FLOATS, NOCPU)        \
+  K("aten::native_layer_norm_backward", "", MAXDEV_SDK_KERNEL(native_layer_norm_backward), FLOATS, NOCPU) \
+  K("aten::embedding", "", MAXDEV_SDK_KERNEL(embedding), FLOATS | INDICES, NOCPU)              \
+  K("aten::embedding_dense_backward", "", MAXDEV_SDK_KERNEL(embedding_dense_backward), FLOATS | INDICES, NOCPU) \
+  K("aten::_fused_adamw_", "", MAXDEV_SDK_KERNEL(fused_adamw), FLOATS, NOCPU)
 
 MAXDEV_DEFINE_PLUGIN("fast", "1.0.0", FAST_KERNELS, init, teardown)

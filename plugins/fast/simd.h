@@ -12,6 +12,16 @@ namespace fast {
 
 enum class BinaryOp : int { kAdd, kSub, kMul, kDiv };
 
+// One AdamW step's constants (PyTorch's _fused_adamw_, amsgrad off):
+//   param *= decay (1 - lr * weight_decay)
+//   exp_avg += (1 - beta1) * (grad - exp_avg)
+//   exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2
+//   param -= step_size * exp_avg / (sqrt(exp_avg_sq) / bias_correction2_sqrt + eps)
+struct AdamWStep {
+  float decay, one_minus_beta1, beta2, one_minus_beta2, step_size, inv_bias_correction2_sqrt, eps;
+  bool maximize;  // grad -> -grad
+};
+
 // GEMM blocking: C[MR x NR] tiles, K in KC slices, packed panels.
 constexpr int64_t kGemmMR = 12;
 constexpr int64_t kGemmNR = 32;
@@ -38,6 +48,18 @@ struct Kernels {
   void (*softmax)(const float* in, float* out, int64_t n, bool log);
   void (*softmax_backward)(const float* grad, const float* out, float* grad_in, int64_t n,
                            bool log);
+  // One row of layer norm: y = (x - mean) * rstd * w + b (w, b may be
+  // null); stores the row's mean and rstd = 1 / sqrt(var + eps). `stream`:
+  // y bypasses the cache (a large output only evicts the inputs).
+  void (*layer_norm)(const float* x, const float* w, const float* b, float eps, float* y, int64_t n,
+                     float* mean, float* rstd, bool stream);
+  // One row of its backward, with g = dy * w (dy if w is null) and
+  // xhat = (x - mean) * rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+  // dw_acc += dy * xhat, db_acc += dy; `stream` as above, for dx.
+  void (*layer_norm_backward)(const float* dy, const float* x, float mean, float rstd, const float* w,
+                              float* dx, float* dw_acc, float* db_acc, int64_t n, bool stream);
+  void (*adamw)(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                const AdamWStep& c);
   void (*bf16_to_f32)(const uint16_t* in, float* out, int64_t n);
   void (*f32_to_bf16)(const float* in, uint16_t* out, int64_t n);
   // C[mr x nr] (+)= alpha * A_panel * B_panel over k, for packed panels

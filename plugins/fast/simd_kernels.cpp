@@ -352,6 +352,122 @@ void softmax_backward(const float* grad, const float* out, float* grad_in, int64
   }
 }
 
+// Runs f(i, vector, stream) over a row [0, n) whose output is `out`,
+// streaming the whole vectors when asked and out is 64-byte aligned.
+template <typename F>
+inline void for_row(float* out, int64_t n, bool stream, F f) {
+  stream = stream && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) f(i, true, stream);
+  for (; i < n; ++i) f(i, false, false);
+  stream_fence(stream);
+}
+
+void layer_norm(const float* x, const float* w, const float* b, float eps, float* y, int64_t n, float* mean_out,
+                float* rstd_out, bool stream) {
+  const float mean = sum(x, n) / static_cast<float>(n);
+  vf q0{}, q1{};
+  float q = 0.f;
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const vf d0 = load(x + i) - mean, d1 = load(x + i + W) - mean;
+    q0 += d0 * d0;
+    q1 += d1 * d1;
+  }
+  for (; i + W <= n; i += W) {
+    const vf d = load(x + i) - mean;
+    q0 += d * d;
+  }
+  for (; i < n; ++i) q += (x[i] - mean) * (x[i] - mean);
+  q += hsum(q0 + q1);
+  const float rstd = 1.f / __builtin_sqrtf(q / static_cast<float>(n) + eps);
+  for_row(y, n, stream, [&](int64_t j, bool vec, bool streamed) {
+    if (vec) {
+      vf v = (load(x + j) - mean) * rstd;
+      if (w != nullptr) v *= load(w + j);
+      if (b != nullptr) v += load(b + j);
+      store_out(y + j, v, streamed);
+      return;
+    }
+    float v = (x[j] - mean) * rstd;
+    if (w != nullptr) v *= w[j];
+    if (b != nullptr) v += b[j];
+    y[j] = v;
+  });
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+void layer_norm_backward(const float* dy, const float* x, float mean, float rstd, const float* w, float* dx,
+                         float* dw_acc, float* db_acc, int64_t n, bool stream) {
+  vf vg{}, vgx{};
+  float sg = 0.f, sgx = 0.f;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vf d = load(dy + i), xhat = (load(x + i) - mean) * rstd;
+    const vf g = w != nullptr ? d * load(w + i) : d;
+    vg += g;
+    vgx += g * xhat;
+    if (dw_acc != nullptr) store(dw_acc + i, load(dw_acc + i) + d * xhat);
+    if (db_acc != nullptr) store(db_acc + i, load(db_acc + i) + d);
+  }
+  for (; i < n; ++i) {
+    const float xhat = (x[i] - mean) * rstd, g = w != nullptr ? dy[i] * w[i] : dy[i];
+    sg += g;
+    sgx += g * xhat;
+    if (dw_acc != nullptr) dw_acc[i] += dy[i] * xhat;
+    if (db_acc != nullptr) db_acc[i] += dy[i];
+  }
+  if (dx == nullptr) return;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const float mg = (sg + hsum(vg)) * inv_n, mgx = (sgx + hsum(vgx)) * inv_n;
+  for_row(dx, n, stream, [&](int64_t j, bool vec, bool streamed) {
+    if (vec) {
+      const vf d = load(dy + j), xhat = (load(x + j) - mean) * rstd;
+      const vf g = w != nullptr ? d * load(w + j) : d;
+      store_out(dx + j, rstd * (g - mg - xhat * mgx), streamed);
+      return;
+    }
+    const float xhat = (x[j] - mean) * rstd, g = w != nullptr ? dy[j] * w[j] : dy[j];
+    dx[j] = rstd * (g - mg - xhat * mgx);
+  });
+}
+
+inline vf vsqrt(vf x) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vf>(_mm512_maskz_sqrt_ps(0xffff, reinterpret_cast<__m512>(x)));
+#else
+  vf r;
+  for (int i = 0; i < W; ++i) r[i] = __builtin_sqrtf(x[i]);
+  return r;
+#endif
+}
+
+void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWStep& c) {
+  const float sign = c.maximize ? -1.f : 1.f;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vf g = load(grad + i) * sign;
+    const vf p = load(param + i) * c.decay;
+    vf m = load(exp_avg + i), v = load(exp_avg_sq + i);
+    m += c.one_minus_beta1 * (g - m);
+    v = c.beta2 * v + c.one_minus_beta2 * g * g;
+    store(exp_avg + i, m);
+    store(exp_avg_sq + i, v);
+    store(param + i, p - c.step_size * m / (vsqrt(v) * c.inv_bias_correction2_sqrt + c.eps));
+  }
+  for (; i < n; ++i) {
+    const float g = grad[i] * sign;
+    const float p = param[i] * c.decay;
+    float m = exp_avg[i], v = exp_avg_sq[i];
+    m += c.one_minus_beta1 * (g - m);
+    v = c.beta2 * v + c.one_minus_beta2 * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    param[i] = p - c.step_size * m / (__builtin_sqrtf(v) * c.inv_bias_correction2_sqrt + c.eps);
+  }
+}
+
 void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
@@ -419,7 +535,7 @@ void gemm_tile(int64_t k, const float* a, const float* b, float* c, int64_t ldc,
 
 const Kernels kTable = {
     FAST_ISA_NAME, binary, relu, threshold_backward, gelu, gelu_backward, sum, accumulate, scale,
-    softmax, softmax_backward, bf16_to_f32, f32_to_bf16,
+    softmax, softmax_backward, layer_norm, layer_norm_backward, adamw, bf16_to_f32, f32_to_bf16,
     gemm_tile,
 };
 

@@ -7,12 +7,13 @@ runs for a max_device tensor, in the order PyTorch's dispatcher picks it:
 - ``plugin``: a loaded plugin's kernel, directly or through the ``.out``
   kernel a structured op delegates to (``add.Tensor`` via ``add.out``);
 - ``max_device``: a kernel max_device registers itself: its device runtime
-  (factories, views, copies), or a route to the CPU fallback registered on
-  the device so that it wins over a composite (``native_layer_norm``);
+  (factories, views, copies);
 - ``composite``: a composite kernel that decomposes it into other ops;
 - ``fallback``: PyTorch's CPU kernel through the zero-copy fallback:
   directly (a structured form runs its own CPU kernel while nothing serves
-  it or its ``.out`` op), or through the ``.out`` kernel it delegates to;
+  it or its ``.out`` op), through the ``.out`` kernel it delegates to, or
+  through a loader trampoline no plugin serves now (which wins over a
+  composite: ``native_layer_norm``);
 - ``none``: no kernel anywhere: a call fails.
 """
 
@@ -89,9 +90,10 @@ def core_op_coverage(*plugins) -> CoverageReport:
     delegate_of = {variant: out for out, variants in _delegates().items() for variant in variants}
     # max_device's own PrivateUse1 kernels: the loader's trampolines register
     # on the same key (and stay after their last provider leaves)
+    trampolines = set(_C._trampoline_ops())
     direct = set(_C._direct_fallback_ops())
     device_kernels = set(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")) \
-        - set(_C._trampoline_ops()) - direct
+        - trampolines - direct
 
     ops, providers = {}, {}
     for op in core_ops():
@@ -106,6 +108,8 @@ def core_op_coverage(*plugins) -> CoverageReport:
             ops[op], providers[op] = "fallback", f"via {delegate}"
         elif op in device_kernels:
             ops[op] = "max_device"
+        elif op in trampolines:  # no provider now: its trampoline runs the CPU's kernel
+            ops[op] = "fallback"
         elif any(torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for key in _COMPOSITE_KEYS):
             ops[op] = "composite"
         elif torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):

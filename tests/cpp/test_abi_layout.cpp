@@ -38,7 +38,7 @@ static_assert(MAXDEV_VALUE_NONE == 0 && MAXDEV_VALUE_TENSOR == 1 && MAXDEV_VALUE
                   MAXDEV_VALUE_FLOAT == 3 && MAXDEV_VALUE_BOOL == 4 &&
                   MAXDEV_VALUE_INT_LIST == 5 && MAXDEV_VALUE_TENSOR_LIST == 6 &&
                   MAXDEV_VALUE_STRING == 7 && MAXDEV_VALUE_DTYPE == 8 &&
-                  MAXDEV_VALUE_FLOAT_LIST == 9,
+                  MAXDEV_VALUE_FLOAT_LIST == 9 && MAXDEV_VALUE_BOOL_LIST == 10,
               "value kinds");
 static_assert(MAXDEV_VALUE_FLAG_SCALAR == 1u, "value flags");
 static_assert(MAXDEV_DTYPE_BOOL == (1ull << 0) && MAXDEV_DTYPE_UINT8 == (1ull << 1) &&
@@ -101,6 +101,10 @@ FROZEN(maxdev_value, u.float_list.size, 16, 8);
 FROZEN(maxdev_value, u.tensor_list, 8, 16);
 FROZEN(maxdev_value, u.tensor_list.data, 8, 8);
 FROZEN(maxdev_value, u.tensor_list.size, 16, 8);
+// 1.3
+FROZEN(maxdev_value, u.bool_list, 8, 16);
+FROZEN(maxdev_value, u.bool_list.data, 8, 8);
+FROZEN(maxdev_value, u.bool_list.size, 16, 8);
 
 // --- maxdev_host_api -------------------------------------------------------
 static_assert(sizeof(maxdev_host_api) == 56 && alignof(maxdev_host_api) == 8,

@@ -1,5 +1,6 @@
 """ABI 1.1 on a host that also loads 1.0 plugins: the old kernel table at
-its own stride, and the host's resize_output for out= tensors."""
+its own stride, and the host's resize_output for out= tensors. ABI 1.3's
+bool[] values never reach a plugin built before them."""
 
 import pytest
 import torch
@@ -32,3 +33,10 @@ def test_resize_output_follows_pytorchs_out_rules(load_plugin, plugin_file, out_
     assert result is out and out.shape == (5,)
     torch.testing.assert_close(out.cpu(), torch.nn.functional.silu(x))
     assert op_stats("aten::silu.out")[0] == 1
+
+
+def test_a_plugin_built_before_abi_1_3_is_refused_an_op_taking_a_bool_list(fixture_file):
+    with pytest.raises(max_device.PluginError,
+                       match=r"native_layer_norm_backward.*bool\[\].*built against ABI 1\.2"):
+        max_device.load_plugin(fixture_file("bool_list_at_abi_1_2"))
+    assert all(p.name != "bool_list_at_abi_1_2" for p in max_device.list_plugins())

@@ -43,6 +43,10 @@ def test_the_categories_say_what_runs():
     assert report.ops["aten::flip"] == "fallback"
     torch.flip(torch.arange(4.0, device=DEVICE), [0])
     assert max_device.fallback_counts().get("aten::flip") == 1
+    # A trampoline no plugin serves runs the CPU's kernel, over the op's composite.
+    assert report.ops["aten::native_layer_norm"] == "fallback"
+    torch.native_layer_norm(torch.ones(2, 3, device=DEVICE), [3], None, None, 1e-5)
+    assert max_device.fallback_counts().get("aten::native_layer_norm") == 1
 
 
 def test_the_cli_prints_the_report(plugin_file):

@@ -1,5 +1,6 @@
 """The fast plugin (plugins/fast/): every instruction-set variant computes
-what the CPU computes, the host's thread count does not change a result,
+what the CPU computes (gradients through layer norm and embedding, and
+fused AdamW, included), the host's thread count does not change a result,
 in-place and out= variants reach its .out kernels, and what it does not
 serve falls to the CPU. (OpInfo's samples run on it in test_opinfo.py's
 Fast configuration; its throughput is bench/bench_fast.py's, never a test's.)"""
@@ -38,14 +39,26 @@ def workload(device):
     b = torch.randn(129, generator=g)
     col = torch.randn(37, 1, generator=g)
     a, m = torch.randn(45, 67, generator=g), torch.randn(67, 51, generator=g)
-    batch = (torch.randn(3, 13, 40, generator=g), torch.randn(3, 40, 35, generator=g))
+    # (GEMMs under 2^17 multiply-adds per matrix are left to the CPU)
+    batch = (torch.randn(2, 50, 70, generator=g), torch.randn(2, 70, 45, generator=g))
     big = torch.randn(1 << 20, generator=g)  # streaming stores
-    x, b, col, a, m, big = (t.to(device) for t in (x, b, col, a, m, big))
+    ln_w, ln_b = torch.randn(129, generator=g), torch.randn(129, generator=g)
+    table = torch.randn(50, 129, generator=g)
+    indices = torch.randint(0, 50, (7, 11), generator=g)  # with repeats: gradients add up
+    x, b, col, a, m, big, ln_w, ln_b, table, indices = (
+        t.to(device) for t in (x, b, col, a, m, big, ln_w, ln_b, table, indices))
     batch = tuple(t.to(device) for t in batch)
     xg = x.detach().clone().requires_grad_()
     loss = (torch.log_softmax(F.gelu(xg), -1) * torch.softmax(torch.relu(xg) * 2, -1)).sum()
     loss.backward()
+    # layer norm and embedding with gradients for every input
+    ln_in, wg, bg, tg = (t.detach().clone().requires_grad_() for t in (x, ln_w, ln_b, table))
+    normed = F.layer_norm(ln_in, (129,), wg, bg)
+    embedded = F.embedding(indices, tg)
+    ((normed * normed.detach().sin()).sum() + (embedded * embedded.detach().cos()).sum()).backward()
     return {
+        "layer_norm": normed, "layer_norm grad input": ln_in.grad, "layer_norm grad weight": wg.grad,
+        "layer_norm grad bias": bg.grad, "embedding": embedded, "embedding grad": tg.grad,
         "add": x + b, "sub alpha": torch.sub(x, col, alpha=0.5), "mul": x * col, "div": x / 3,
         "add big": big + big, "relu": torch.relu(x), "gelu": F.gelu(x),
         "gelu tanh": F.gelu(x, approximate="tanh"), "sum rows": x.sum(-1), "sum cols": x.sum(0),
@@ -66,9 +79,10 @@ def test_each_instruction_set_computes_what_the_cpu_computes(load_plugin, plugin
         pytest.skip(f"this CPU has no {isa}")
     monkeypatch.setenv("MAX_DEVICE_FAST_ISA", isa)
     load_plugin(plugin_file("fast"))
-    before = op_stats("aten::mm.out")[0]
+    gemms = ("aten::mm.out", "aten::bmm.out", "aten::addmm.out")
+    before = [op_stats(op)[0] for op in gemms]
     results = workload(DEVICE)
-    assert op_stats("aten::mm.out")[0] > before, "the plugin's GEMM did not run"
+    assert all(op_stats(op)[0] > n for op, n in zip(gemms, before)), "the plugin's GEMM did not run"
     assert_matches_cpu(results, workload("cpu"))
 
 
@@ -112,19 +126,121 @@ def test_bfloat16_is_served_and_rounded_once(fast):
     assert torch.equal(got, x * y)  # float32 product, one rounding: what the CPU gives
 
 
-@pytest.mark.parametrize("case", ["non-contiguous", "float64", "bfloat16 GEMM", "softmax dim 0"])
+@pytest.mark.parametrize("case", ["non-contiguous", "float64", "bfloat16 GEMM", "small GEMM", "softmax dim 0"])
 def test_what_it_does_not_serve_falls_to_the_cpu(fast, case):
     x = torch.randn(32, 48)
     op, run = {
         "non-contiguous": ("aten::add.out", lambda t: t.t() + 1),
         "float64": ("aten::add.out", lambda t: t.double() + 1),
         "bfloat16 GEMM": ("aten::mm.out", lambda t: t.bfloat16() @ t.bfloat16().t()),
+        "small GEMM": ("aten::mm.out", lambda t: t @ t.t()),  # 32x32x48 multiply-adds
         "softmax dim 0": ("aten::_softmax.out", lambda t: torch.softmax(t, 0)),
     }[case]
     expected = run(x)
     d = x.to(DEVICE)
     _, declines, fallbacks = op_stats(op)
     torch.testing.assert_close(run(d).cpu(), expected)
+    _, declines_after, fallbacks_after = op_stats(op)
+    assert declines_after == declines + 1 and fallbacks_after == fallbacks + 1
+
+
+LAYER_NORM_AND_EMBEDDING_OPS = ("aten::native_layer_norm", "aten::native_layer_norm_backward",
+                                "aten::embedding", "aten::embedding_dense_backward")
+
+
+def test_layer_norm_and_embedding_reach_the_plugin_with_their_backwards(fast):
+    before = {op: op_stats(op) for op in LAYER_NORM_AND_EMBEDDING_OPS}
+    workload(DEVICE)
+    for op in LAYER_NORM_AND_EMBEDDING_OPS:
+        calls, declines, fallbacks = op_stats(op)
+        assert calls == before[op][0] + 1, f"{op} did not reach the plugin"
+        assert (declines, fallbacks) == before[op][1:], f"{op} declined or fell back"
+
+
+def layer_norm_with_grads(x, w, b):
+    x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = F.layer_norm(x, x.shape[-1:], w, b)
+    # an explicit gradient: no reduction of other ops in the way (a CPU sum's
+    # last bits can depend on the data's alignment, which differs by allocator)
+    y.backward(y.detach().cos())
+    return [y, x.grad, w.grad, b.grad]
+
+
+def test_without_the_plugin_layer_norm_is_the_cpus_kernel_bit_for_bit(load_plugin, plugin_file):
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(33, 257, generator=g), torch.randn(257, generator=g), torch.randn(257, generator=g)
+    expected = layer_norm_with_grads(x, w, b)
+    on_device = lambda: [t.cpu() for t in layer_norm_with_grads(x.to(DEVICE), w.to(DEVICE), b.to(DEVICE))]
+    for got, want in zip(on_device(), expected):  # before any plugin: the CPU's kernel
+        assert torch.equal(got, want)
+    plugin = load_plugin(plugin_file("fast"))
+    for got, want in zip(on_device(), expected):  # the plugin's kernels: same values, another order
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert op_stats("aten::native_layer_norm")[0] == 1
+    max_device.unload_plugin(plugin)
+    fallbacks = max_device.fallback_counts().get("aten::native_layer_norm", 0)
+    for got, want in zip(on_device(), expected):  # unloaded: the CPU's kernel again
+        assert torch.equal(got, want)
+    assert max_device.fallback_counts()["aten::native_layer_norm"] == fallbacks + 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_adamw_steps_like_the_cpu(fast, dtype):
+    g = torch.Generator().manual_seed(2)
+    shapes = [(64, 33), (33,), (1000,), (5, 7, 9)]
+    start = [torch.randn(s, generator=g).to(dtype) for s in shapes]
+    grads = [[torch.randn(s, generator=g).to(dtype) for s in shapes] for _ in range(3)]
+
+    def run(device):
+        params = [torch.nn.Parameter(p.clone().to(device)) for p in start]
+        opt = torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, fused=True)
+        for step_grads in grads:
+            for p, gr in zip(params, step_grads):
+                p.grad = gr.to(device)
+            opt.step()
+        return [p.detach().cpu() for p in params], [opt.state[p]["exp_avg_sq"].cpu() for p in params]
+
+    calls = op_stats("aten::_fused_adamw_")[0]
+    got, expected = run(DEVICE), run("cpu")
+    assert op_stats("aten::_fused_adamw_")[0] == calls + 3
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    for g_list, e_list in zip(got, expected):
+        for a, e in zip(g_list, e_list):
+            torch.testing.assert_close(a, e, **tol)
+
+
+@pytest.mark.parametrize("case", ["layer norm without bias", "embedding scale_grad_by_freq", "amsgrad"])
+def test_what_it_declines_of_the_new_ops_falls_to_the_cpu(fast, case):
+    g = torch.Generator().manual_seed(3)
+    if case == "layer norm without bias":  # grad_bias is not asked for: the mask is not all true
+        x, w = torch.randn(8, 16, generator=g), torch.randn(16, generator=g)
+        op = "aten::native_layer_norm_backward"
+
+        def run(device):
+            xd, wd = (t.to(device).clone().requires_grad_() for t in (x, w))
+            F.layer_norm(xd, (16,), wd, None).sum().backward()
+            return [xd.grad.cpu(), wd.grad.cpu()]
+    elif case == "embedding scale_grad_by_freq":
+        table, idx = torch.randn(10, 4, generator=g), torch.tensor([1, 1, 3])
+        op = "aten::embedding_dense_backward"
+
+        def run(device):
+            t = table.to(device).clone().requires_grad_()
+            F.embedding(idx.to(device), t, scale_grad_by_freq=True).sum().backward()
+            return [t.grad.cpu()]
+    else:
+        p0, grad = torch.randn(20, generator=g), torch.randn(20, generator=g)
+        op = "aten::_fused_adamw_"
+
+        def run(device):
+            p = torch.nn.Parameter(p0.clone().to(device))
+            p.grad = grad.to(device)
+            torch.optim.AdamW([p], lr=0.01, amsgrad=True, fused=True).step()
+            return [p.detach().cpu()]
+    expected = run("cpu")
+    _, declines, fallbacks = op_stats(op)
+    for got, want in zip(run(DEVICE), expected):
+        torch.testing.assert_close(got, want)
     _, declines_after, fallbacks_after = op_stats(op)
     assert declines_after == declines + 1 and fallbacks_after == fallbacks + 1
 

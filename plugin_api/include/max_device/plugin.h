@@ -39,7 +39,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define MAXDEV_ABI_MAJOR 1
-#define MAXDEV_ABI_MINOR 2
+#define MAXDEV_ABI_MINOR 3
 
 /* The one symbol a plugin exports. */
 #define MAXDEV_ENTRY_SYMBOL "maxdev_plugin_entry"
@@ -130,7 +130,8 @@ typedef enum maxdev_value_kind {
   MAXDEV_VALUE_TENSOR_LIST = 6, /* Tensor[] */
   MAXDEV_VALUE_STRING = 7,      /* str (e.g. gelu's approximate) */
   MAXDEV_VALUE_DTYPE = 8,       /* ScalarType (e.g. sum's dtype=) */
-  MAXDEV_VALUE_FLOAT_LIST = 9   /* float[] */
+  MAXDEV_VALUE_FLOAT_LIST = 9,  /* float[] */
+  MAXDEV_VALUE_BOOL_LIST = 10   /* bool[], bool[N] (ABI 1.3; e.g. an output_mask) */
 } maxdev_value_kind;
 
 /* Set on a value whose schema type is Scalar, so a kernel can tell
@@ -155,6 +156,10 @@ typedef struct maxdev_value {
       const double* data;
       int64_t size;
     } float_list;                /* FLOAT_LIST */
+    struct {
+      const uint8_t* data;       /* 0 or 1 per element */
+      int64_t size;
+    } bool_list;                 /* BOOL_LIST (ABI 1.3) */
     struct {
       const maxdev_tensor* data; /* size consecutive tensors */
       int64_t size;

@@ -125,6 +125,7 @@ inline const char* kind_name(int32_t kind) noexcept {
     case MAXDEV_VALUE_STRING: return "str";
     case MAXDEV_VALUE_DTYPE: return "ScalarType";
     case MAXDEV_VALUE_FLOAT_LIST: return "float[]";
+    case MAXDEV_VALUE_BOOL_LIST: return "bool[]";
     default: return "unknown kind";
   }
 }
@@ -295,6 +296,11 @@ class Call {
   ArrayView<double> float_list(int i) const {
     const maxdev_value& v = expect(i, MAXDEV_VALUE_FLOAT_LIST);
     return ArrayView<double>(v.u.float_list.data, static_cast<size_t>(v.u.float_list.size));
+  }
+  // `bool[]`, `bool[N]` (ABI 1.3): 0 or 1 per element.
+  ArrayView<uint8_t> bool_list(int i) const {
+    const maxdev_value& v = expect(i, MAXDEV_VALUE_BOOL_LIST);
+    return ArrayView<uint8_t>(v.u.bool_list.data, static_cast<size_t>(v.u.bool_list.size));
   }
 
   std::string_view string(int i) const {
