@@ -107,6 +107,32 @@ KNOWN_FAILURES = {
         "by design: complex() of two float16 tensors returns a complex32 (ComplexHalf) tensor, "
         "which max_device refuses (ops.cpp check_options)")
        for test in ("test_compare_cpu", "test_noncontiguous_samples", "test_out")},
+    **{(test, "nn.functional.linear_cross_entropy.chunked", torch.float16, config): (
+        "PyTorch divergence: LinearCrossEntropyOptions' 'auto' policy is chosen per device type "
+        "(_AUTO_DEFAULTS): the CPU gets 'accurate' (float32 accumulation), any other device "
+        "'compact' (float16 accumulation), so the two devices run different algorithms")
+       for test in ("test_compare_cpu", "test_noncontiguous_samples")
+       for config in ("Fallback", "Reference")},
+    **{(test, "nn.functional.multi_head_attention_forward", torch.float32, "Reference"): (
+        "by design: the reference plugin's matmuls sum in double; on every failing sample its result "
+        "is closer to the float64 computation than the CPU's (MKL, float accumulation), so OpInfo's "
+        "float32 tolerance against the CPU is the wrong yardstick")
+       for test in ("test_compare_cpu", "test_noncontiguous_samples")},
+    ("test_out", "linalg.multi_dot", torch.float32, "Reference"): (
+        "by design (as multi_head_attention_forward): the reference plugin's mm sums in double, "
+        "another order than MKL; the out= chain exceeds OpInfo's float32 tolerance (not checked "
+        "against the float64 result; the plain and non-contiguous cases pass)"),
+    **{("test_noncontiguous_samples", "cov", dtype, "Reference"): (
+        "reference plugin divergence, not diagnosed: non-contiguous cov with integer fweights "
+        "(sample 31) differs from the CPU by 1e-7 relative at float64/complex128, a float32-sized "
+        "error; a plugin kernel probably accumulates a strided operand in float: bug, fix planned")
+       for dtype in (torch.float64, torch.complex128)},
+    **{("test_inplace", "ldexp", dtype, "Fast"): (
+        "loader bug: ldexp_ runs mul.out(self, self, 2**other); the host's resize_output lets the "
+        "fast plugin resize an empty out= tensor that is also an input to the broadcast shape, where "
+        "the CPU refuses ('output with shape [0, 1, 3] doesn't match the broadcast shape'); fix "
+        "planned: refuse resizing an out= tensor that is an input")
+       for dtype in (torch.float32, torch.bfloat16)},
     **{("test_inplace", "conj_physical", dtype, None): (
         "loader gap: conj_physical_'s CompositeExplicitAutograd kernel wins over the fallback and "
         "calls a DispatchStub with no max_device kernel (internal assert)")
