@@ -85,7 +85,13 @@ def main():
         finished[shard] = (process.returncode, time.monotonic() - started, usage.ru_utime + usage.ru_stime, xml)
         print(f"shard {shard}/{args.shards}: exit {process.returncode} after {finished[shard][1] / 60:.1f} min",
               flush=True)
+    report(finished, args, time.monotonic() - began)
+    return 0 if all(code == 0 for code, *_ in finished.values()) else 1
 
+
+def report(finished, args, wall):
+    """Prints the table, the categories and the failing tests; finished:
+    shard -> (exit code, wall s, CPU s, JUnit XML path)."""
     rows, failing, categories, totals = [], [], collections.Counter(), collections.defaultdict(collections.Counter)
     for shard in sorted(finished):
         code, wall, cpu, xml = finished[shard]
@@ -106,7 +112,7 @@ def main():
     header = ("shard", "configuration", "passed", "failed", "skipped", "xfailed", "wall min", "cpu min", "result")
     widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
     print(f"\nOpInfo full run, {args.shards} shards, {args.jobs} at a time: "
-          f"{(time.monotonic() - began) / 60:.1f} min wall")
+          f"{wall / 60:.1f} min wall")
     for row in [header] + rows:
         print("  ".join(str(v).rjust(w) for v, w in zip(row, widths)))
     print("\nknown failures (strict xfail) by category:")
@@ -116,7 +122,6 @@ def main():
         print(f"\n{len(failing)} failing (logs and JUnit XML in {args.out}):")
         for test in failing:
             print(f"  {test}")
-    return 0 if all(code == 0 for code, *_ in finished.values()) else 1
 
 
 if __name__ == "__main__":
