@@ -12,7 +12,7 @@ JOBS ?= $(shell nproc)
 APT_PACKAGES := cmake g++ make pkg-config ccache libboost-dev libspdlog-dev libelf-dev libgtest-dev binutils
 STAMPS := $(BUILD)/.stamps
 
-.PHONY: all deps build demo test test-cpp test-python test-compat bench clean \
+.PHONY: all deps build demo test test-cpp test-python test-compat test-opinfo-full bench clean \
         sanitize sanitize-asan sanitize-tsan sanitize-build-asan sanitize-build-tsan sanitize-clean \
         leak-check fuzz fuzz-ci fuzz-build fuzz-seeds fuzz-clean
 
@@ -62,6 +62,16 @@ test-python: build
 	MAXDEV_BUILD_DIR=$(CURDIR)/$(BUILD) $(PY) -m pytest tests/python -q -ra
 
 test: test-cpp test-python
+
+# --- The full OpInfo run (not in CI): every shard of MAXDEV_OPINFO=full -----
+# OPINFO_JOBS shards at a time (one core each), logs and JUnit XML in
+# build/opinfo-full, a per-shard/per-configuration table at the end; fails
+# when a shard has a failure not in test_opinfo.py's KNOWN_FAILURES.
+OPINFO_SHARDS ?= 8
+OPINFO_JOBS ?= 2
+test-opinfo-full: build
+	nice -n 5 $(PY) tests/opinfo/full_run.py --shards $(OPINFO_SHARDS) --jobs $(OPINFO_JOBS) \
+	  --build-dir $(CURDIR)/$(BUILD) --out $(CURDIR)/$(BUILD)/opinfo-full
 
 # --- Another PyTorch: make test-compat TORCH=2.14.1 (not in CI) ------------
 # Its own venv (COMPAT_DIR/venv-TORCH, outside the repository: PyPI's CUDA

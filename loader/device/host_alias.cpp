@@ -164,6 +164,10 @@ void HostAliasScope::sync_back(const at::Tensor& device_tensor, const at::Tensor
       impl->storage_offset() != alias.storage_offset()) {
     impl->set_sizes_and_strides(alias.sizes(), alias.strides(), alias.storage_offset());
   }
+  // Kernels may flip these too: linalg_lu_solve.out with left=False writes
+  // X^H's values and sets out's conjugate bit.
+  if (impl->is_conj() != alias.is_conj()) impl->_set_conj(alias.is_conj());
+  if (impl->is_neg() != alias.is_neg()) impl->_set_neg(alias.is_neg());
 }
 
 }  // namespace maxdev::device

@@ -35,8 +35,9 @@ class HostAliasScope {
   // are returned unchanged).
   at::Tensor to_device(const at::Tensor& result);
 
-  // After a kernel mutated the alias of `device_tensor` (resize_, set_),
-  // give the device tensor the alias's storage and geometry.
+  // After a kernel mutated the alias of `device_tensor` (resize_, set_,
+  // _set_conj), give the device tensor the alias's storage, geometry and
+  // conjugate/negative bits.
   void sync_back(const at::Tensor& device_tensor, const at::Tensor& alias);
 
  private:

@@ -522,12 +522,21 @@ void register_cpu_kernel_routes(torch::Library& m) {
   m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&fallback_via<&cpu_convolution>>());
   m.impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&fallback_via<&cpu_convolution_backward>>());
-  // native_layer_norm has a CompositeExplicitAutograd kernel (through
-  // native_batch_norm) that would take precedence over the fallback: run
-  // the CPU's layer-norm kernel instead, so a model computes what it
-  // computes on the CPU, bit for bit. Its trampoline carries the route, so
-  // a plugin kernel can serve the op too.
+  // Ops with a CPU kernel of their own and a CompositeExplicitAutograd
+  // kernel for every other backend, which would take precedence over the
+  // fallback and compute differently: run the CPU's kernel instead, so a
+  // model computes what it computes on the CPU, bit for bit. (The list is
+  // every such aten op in torch 2.13; tests/python/test_cpu_routes.py checks
+  // that none is missing.) native_layer_norm and native_group_norm would
+  // decompose through native_batch_norm, where the CPU's kernels accumulate
+  // float16/bfloat16 inputs in float; addr would run math_addr. Layer norm's
+  // route is its trampoline's no-provider path, so a plugin kernel can serve
+  // it too.
   OpTable::instance().route_to_cpu_kernel("aten::native_layer_norm");
+  for (const char* op : {"native_group_norm", "addr", "addr.out", "_stack", "_stack.out", "all.dims_out",
+                         "any.dims_out", "linalg__powsum"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
+  }
   direct_fallbacks();
 }
 

@@ -7,11 +7,15 @@
 // fused op of the CPU, aten::_scaled_dot_product_flash_attention_for_cpu
 // (+ _backward), on max_device tensors: a plugin that serves that op gets
 // every eligible SDPA call, and a declined call runs the CPU's flash kernel
-// through the zero-copy fallback. Without such a provider SDPA runs the math
-// path, as it always did on max_device.
+// through the zero-copy fallback. Without such a provider SDPA takes the
+// path the CPU would take on the same tensors: the CPU's flash kernel (by
+// the same route) where the CPU picks it, else the math path, so results
+// are the CPU's bit for bit (the math path rounds float16/bfloat16 scores
+// differently).
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/empty.h>
@@ -35,15 +39,30 @@ bool has_provider(const std::string& op) {
   return false;
 }
 
+// The CPU's own choice reads only the tensors' metadata, so it takes
+// max_device tensors as they are. It raises where the CPU has no viable
+// backend: then the flash kernel is not it either.
+bool cpu_picks_flash(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                     const std::optional<at::Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+                     bool enable_gqa) {
+  try {
+    return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa) ==
+           static_cast<int64_t>(at::SDPBackend::flash_attention);
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
 // The fused op has no dropout, no gradient for the mask and no grouped
 // query heads: those calls take the math path.
-int64_t choose_sdp_backend(const at::Tensor& query, const at::Tensor& key, const at::Tensor&,
-                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool,
-                           std::optional<double>, bool enable_gqa) {
+int64_t choose_sdp_backend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                           std::optional<double> scale, bool enable_gqa) {
   const auto& context = at::globalContext();
   const bool eligible = dropout_p == 0.0 && !(attn_mask.has_value() && attn_mask->requires_grad()) &&
                         !(enable_gqa && query.dim() == 4 && key.dim() == 4 && query.size(1) != key.size(1));
-  if (context.userEnabledOverrideableSDP() && eligible && has_provider(kFusedAttentionOp)) {
+  if (context.userEnabledOverrideableSDP() && eligible &&
+      (has_provider(kFusedAttentionOp) || cpu_picks_flash(query, key, value, attn_mask, is_causal, scale, enable_gqa))) {
     return static_cast<int64_t>(at::SDPBackend::overrideable);
   }
   if (context.userEnabledMathSDP()) return static_cast<int64_t>(at::SDPBackend::math);

@@ -70,8 +70,6 @@ SEED = 1234
 
 COMPLEX = (torch.complex64, torch.complex128)
 
-TORCH_MINOR = tuple(int(n) for n in torch.__version__.split(".")[:2])
-
 
 # OpInfo.has_nondeterministic_output (torch 2.13) for the torch versions
 # whose OpInfos lack it: the OpInfos that set it in 2.13.
@@ -84,17 +82,10 @@ def _nondeterministic_output(op):
     return getattr(op, "has_nondeterministic_output", op.full_name in NONDETERMINISTIC_OUTPUT)
 
 
-def before_torch(minor, reason):
-    """An entry that holds for torch versions before `minor` ((2, 14)): its
-    reason there, None (no entry) from that version on."""
-    return reason if TORCH_MINOR < minor else None
-
-
 # (test name or None for every test, OpInfo full name, dtype or None for
-# every dtype, configuration or None for both) -> why it fails. Test names are
+# every dtype, configuration or None for all) -> why it fails. Test names are
 # the generic ones (test_compare_cpu, ...); configurations "Fallback",
-# "Reference" and "Fast". Applied as strict xfail. An entry that depends on the torch
-# version is keyed by it (before_torch): None where it does not apply.
+# "Reference" and "Fast". Applied as strict xfail.
 KNOWN_FAILURES = {
     (None, "chalf", None, None):
         "by design: max_device refuses complex32 (ComplexHalf) tensors (ops.cpp check_options)",
@@ -111,23 +102,42 @@ KNOWN_FAILURES = {
         "CPU ('refer to a single memory location'), nothing on max_device"),
     ("test_inplace", "addr", None, None): (
         "max_device divergence, not diagnosed further: addr_ on a 0-d self with vectors of sizes "
-        "5 and 10 raises RuntimeError on the CPU and resizes self on max_device (both run "
-        "addr_'s CompositeExplicitAutograd kernel; the difference is inside addr.out)"),
-    ("test_noncontiguous_samples", "native_group_norm", None, None): before_torch((2, 14), (
-        "max_device divergence, not diagnosed further: the CPU kernel rejects a non-contiguous "
-        "input (X.is_contiguous check), max_device computes a result; torch 2.14's CPU kernel "
-        "accepts it too")),
+        "5 and 10 raises RuntimeError on the CPU and resizes self on max_device (addr_'s "
+        "CompositeExplicitAutograd kernel calls addr.out(self, self, ...), whose CPU kernel now "
+        "runs on max_device too: the difference is in resizing the aliased out= self)"),
     ("test_out", "mode", None, None): (
         "PyTorch divergence: mode's out= variant refuses every device but CPU, CUDA and XPU "
         "before dispatch"),
-    **{(test, op, dtype, None): (
-        "max_device divergence, not diagnosed: float16/bfloat16 results differ from the CPU's in "
-        "the last bits (1-3 ulp), as if another kernel path (e.g. a composite) ran")
-       for test, op in (("test_compare_cpu", "nn.functional.group_norm"),
-                        ("test_noncontiguous_samples", "nn.functional.group_norm"),
-                        ("test_compare_cpu", "addr"), ("test_noncontiguous_samples", "addr"),
-                        ("test_out", "addr"))
-       for dtype in (torch.float16, torch.bfloat16)},
+    **{(test, "complex", torch.float16, None): (
+        "by design: complex() of two float16 tensors returns a complex32 (ComplexHalf) tensor, "
+        "which max_device refuses (ops.cpp check_options)")
+       for test in ("test_compare_cpu", "test_noncontiguous_samples", "test_out")},
+    **{(test, "nn.functional.linear_cross_entropy.chunked", torch.float16, config): (
+        "PyTorch divergence: LinearCrossEntropyOptions' 'auto' policy is chosen per device type "
+        "(_AUTO_DEFAULTS): the CPU gets 'accurate' (float32 accumulation), any other device "
+        "'compact' (float16 accumulation), so the two devices run different algorithms")
+       for test in ("test_compare_cpu", "test_noncontiguous_samples")
+       for config in ("Fallback", "Reference")},
+    **{(test, "nn.functional.multi_head_attention_forward", torch.float32, "Reference"): (
+        "by design: the reference plugin's matmuls sum in double; on every failing sample its result "
+        "is closer to the float64 computation than the CPU's (MKL, float accumulation), so OpInfo's "
+        "float32 tolerance against the CPU is the wrong yardstick")
+       for test in ("test_compare_cpu", "test_noncontiguous_samples")},
+    ("test_out", "linalg.multi_dot", torch.float32, "Reference"): (
+        "by design (as multi_head_attention_forward): the reference plugin's mm sums in double, "
+        "another order than MKL; the out= chain exceeds OpInfo's float32 tolerance (not checked "
+        "against the float64 result; the plain and non-contiguous cases pass)"),
+    **{("test_noncontiguous_samples", "cov", dtype, "Reference"): (
+        "reference plugin divergence, not diagnosed: non-contiguous cov with integer fweights "
+        "(sample 31) differs from the CPU by 1e-7 relative at float64/complex128, a float32-sized "
+        "error; a plugin kernel probably accumulates a strided operand in float: bug, fix planned")
+       for dtype in (torch.float64, torch.complex128)},
+    **{("test_inplace", "ldexp", dtype, "Fast"): (
+        "loader bug: ldexp_ runs mul.out(self, self, 2**other); the host's resize_output lets the "
+        "fast plugin resize an empty out= tensor that is also an input to the broadcast shape, where "
+        "the CPU refuses ('output with shape [0, 1, 3] doesn't match the broadcast shape'); fix "
+        "planned: refuse resizing an out= tensor that is an input")
+       for dtype in (torch.float32, torch.bfloat16)},
     **{("test_inplace", "conj_physical", dtype, None): (
         "loader gap: conj_physical_'s CompositeExplicitAutograd kernel wins over the fallback and "
         "calls a DispatchStub with no max_device kernel (internal assert)")
@@ -189,7 +199,7 @@ def _with_known_cases(selected, config):
     for table, mark in ((KNOWN_FAILURES, lambda reason: pytest.mark.xfail(strict=True, reason=reason)),
                         (KNOWN_SKIPS, lambda reason: pytest.mark.skip(reason=reason))):
         for (test, op_name, dtype, only_config), reason in table.items():
-            if only_config in (None, config) and reason is not None:
+            if only_config in (None, config):
                 overrides.setdefault(op_name, []).append(DecorateInfo(
                     mark(reason), test_name=test, dtypes=None if dtype is None else (dtype,)))
     decorated = []

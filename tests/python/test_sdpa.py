@@ -3,7 +3,8 @@ it: PyTorch asks max_device which backend to use and sends the fused choice
 to _scaled_dot_product_fused_attention_overrideable (+ backward), which
 max_device serves through aten::_scaled_dot_product_flash_attention_for_cpu
 (+ backward): ops with tensor-only results that a plugin (or here a Python
-override) can serve. Without a provider, SDPA runs the math path.
+override) can serve. Without a provider, SDPA takes the CPU's path: its
+flash kernel where the CPU picks it (through the same route), else math.
 
 Documented difference from OpenReg: the overrideable ops themselves return
 SymInts, which the plugin ABI cannot carry, so plugins serve the CPU's
@@ -28,11 +29,28 @@ def qkv(requires_grad=False):
     return [torch.randn(1, 2, 4, 8, device=DEVICE, requires_grad=requires_grad) for _ in range(3)]
 
 
-def test_math_path_without_a_provider():
-    q, k, v = qkv()
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    ref = F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), is_causal=True)
-    torch.testing.assert_close(out.cpu(), ref)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_without_a_provider_the_cpus_flash_kernel_bit_for_bit(dtype):
+    torch.manual_seed(0)
+    q, k, v = [torch.randn(2, 3, 17, 16, dtype=dtype) for _ in range(3)]
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.profiler.profile() as prof:
+        out = F.scaled_dot_product_attention(*(t.to(DEVICE) for t in (q, k, v)), is_causal=True)
+    assert FUSED in {event.name for event in prof.events()}
+    assert torch.equal(out.cpu(), ref)
+    # (the math path rounds differently: these inputs tell the two apart)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert not torch.equal(F.scaled_dot_product_attention(q, k, v, is_causal=True), ref)
+
+
+def test_math_path_where_the_cpu_takes_it():
+    _, k, v = qkv()
+    q = torch.randn(1, 2, 8, 4, device=DEVICE).transpose(-1, -2)  # flash needs the last dim contiguous
+    assert torch._fused_sdp_choice(q.cpu(), k.cpu(), v.cpu()) == SDPBackend.MATH.value
+    with torch.profiler.profile() as prof:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert FUSED not in {event.name for event in prof.events()}
+    assert torch.equal(out.cpu(), F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), is_causal=True))
 
 
 def test_no_viable_backend_when_math_is_disabled_and_nothing_serves():
