@@ -128,7 +128,8 @@ SAN_TSAN_PYTEST ?= tests/python/test_plugin_threads.py tests/python/test_hot_swa
   tests/python/test_zero_copy.py tests/python/test_memory.py tests/python/test_generator.py \
   tests/python/test_logging.py tests/python/test_autograd.py \
   tests/python/test_process_life.py tests/python/test_rebuild_safety.py tests/python/test_rebuild_stress.py \
-  tests/python/test_plugin_files.py tests/python/test_docs.py
+  tests/python/test_plugin_files.py tests/python/test_docs.py tests/python/test_direct_fallback.py \
+  tests/python/test_call_path.py
 
 build-asan/Makefile: $(STAMPS)/venv CMakeLists.txt
 	cmake -S . -B build-asan -DPython3_EXECUTABLE=$(CURDIR)/$(PY) -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -142,10 +142,6 @@ KNOWN_FAILURES = {
         "loader gap: conj_physical_'s CompositeExplicitAutograd kernel wins over the fallback and "
         "calls a DispatchStub with no max_device kernel (internal assert)")
        for dtype in COMPLEX},
-    ("test_errors", "narrow_copy", None, None): (
-        "PyTorch divergence, not a loader bug: narrow_copy's CompositeExplicitAutogradNonFunctional "
-        "kernel (narrow + clone, what CUDA runs too) wins over the fallback and raises IndexError for "
-        "a bad dim; CPU's narrow_copy_dense_cpu raises RuntimeError"),
 }
 
 # max_device refuses complex32 tensors by design (test_dtypes.py checks the
