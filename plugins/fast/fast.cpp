@@ -705,6 +705,7 @@ void native_layer_norm_backward(Call& call) {
     }
   });
   for (int64_t c = 1; c < chunks; ++c) k.accumulate(partial.data(), partial.data() + 2 * c * n, 2 * n);
+  if (n == 0) return;  // empty outputs have null data pointers
   if (d == Dt::f32) {
     std::memcpy(dw.data_ptr(), partial.data(), static_cast<size_t>(n) * 4);
     std::memcpy(db.data_ptr(), partial.data() + n, static_cast<size_t>(n) * 4);
@@ -725,7 +726,7 @@ std::vector<int64_t> embedding_indices(const Tensor& indices, int64_t num) {
   const int64_t count = indices.numel();
   std::vector<int64_t> out(static_cast<size_t>(count));
   if (indices.has_dtype(maxdev::kInt64)) {
-    std::memcpy(out.data(), indices.data_ptr(), static_cast<size_t>(count) * 8);
+    if (count > 0) std::memcpy(out.data(), indices.data_ptr(), static_cast<size_t>(count) * 8);  // empty: null pointers
   } else if (indices.has_dtype(maxdev::kInt32)) {
     const int32_t* p = static_cast<const int32_t*>(indices.data_ptr());
     for (int64_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = p[i];
@@ -748,6 +749,7 @@ void embedding(Call& call) {
   shape.push_back(dim);
   const Tensor out = call.alloc_output(0, abi_dtype(d), shape);
   const size_t row_bytes = static_cast<size_t>(dim) * (d == Dt::f32 ? 4 : 2);
+  if (row_bytes == 0 || idx.empty()) return;  // empty tensors have null data pointers
   const char* src = static_cast<const char*>(weight.data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
   call.parallel_for(0, static_cast<int64_t>(idx.size()), std::max<int64_t>(1, kGrain / std::max<int64_t>(dim, 1)),
@@ -784,6 +786,7 @@ void embedding_dense_backward(Call& call) {
       load_f32(k, grad.data_ptr(), d, i * dim, dim, buf.data(), &g);
       k.accumulate(acc.data() + (r - r0) * dim, g, dim);
     }
+    if (acc.empty()) return;  // empty tensors have null data pointers
     if (d == Dt::f32) std::memcpy(static_cast<float*>(out.data_ptr()) + r0 * dim, acc.data(), acc.size() * 4);
     else k.f32_to_bf16(acc.data(), static_cast<uint16_t*>(out.data_ptr()) + r0 * dim, static_cast<int64_t>(acc.size()));
   });
