@@ -4,6 +4,7 @@ device tests check them: each index is a separate device for PyTorch
 and generators, cross-device errors as on CUDA), all of them host memory."""
 
 import concurrent.futures
+import gc
 import io
 import threading
 
@@ -96,6 +97,9 @@ def test_autograd_on_device_one():
 
 
 def test_memory_statistics_per_device():
+    # Earlier tests' unreachable device tensors, freed now rather than by a
+    # collection in the middle of this test (which made it fail once)
+    gc.collect()
     before = [torch.max_device.memory_allocated(i) for i in range(2)]
     t = torch.empty(1 << 20, dtype=torch.uint8, device="max_device:1")
     assert torch.max_device.memory_allocated(1) == before[1] + (1 << 20)
