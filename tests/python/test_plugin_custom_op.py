@@ -130,8 +130,12 @@ def test_python_registrations_on_plugin_ops_survive_unload_and_load(load_plugin,
     path = plugin_file("sdk_example")
     load_plugin(path)
     op = torch.ops.myplug.rms_norm.default
+    # Registered through a Library this test destroys: the approximate
+    # backward below must not reach later tests (check_plugin compares
+    # rms_norm's gradients with the CPU's).
+    lib = torch.library.Library("myplug", "FRAGMENT")
 
-    @torch.library.register_fake("myplug::rms_norm")
+    @torch.library.register_fake("myplug::rms_norm", lib=lib)
     def _(x, weight, eps):
         return torch.empty_like(x)
 
@@ -143,16 +147,19 @@ def test_python_registrations_on_plugin_ops_survive_unload_and_load(load_plugin,
         ctx.save_for_backward(inputs[0], inputs[1])
         ctx.eps = inputs[2]
 
-    torch.library.register_autograd("myplug::rms_norm", backward, setup_context=setup_context)
-    for _ in range(2):
-        max_device.unload_plugin("sdk_example")
-        load_plugin(path)
-        with torch._subclasses.fake_tensor.FakeTensorMode():
-            fake = op(torch.empty(3, 8), torch.empty(8), 1e-6)
-        assert fake.shape == (3, 8)
-        x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
-        op(x, torch.ones(8, device=DEVICE), 1e-6).sum().backward()
-        assert x.grad is not None and x.grad.device.type == DEVICE
+    torch.library.register_autograd("myplug::rms_norm", backward, setup_context=setup_context, lib=lib)
+    try:
+        for _ in range(2):
+            max_device.unload_plugin("sdk_example")
+            load_plugin(path)
+            with torch._subclasses.fake_tensor.FakeTensorMode():
+                fake = op(torch.empty(3, 8), torch.empty(8), 1e-6)
+            assert fake.shape == (3, 8)
+            x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
+            op(x, torch.ones(8, device=DEVICE), 1e-6).sum().backward()
+            assert x.grad is not None and x.grad.device.type == DEVICE
+    finally:
+        lib._destroy()
 
 
 def test_changed_schema_refused(load_plugin, fixture_file):
