@@ -167,15 +167,19 @@ def worker(variant: str, blocks: int, calls: int, warmup: int) -> dict:
         samples.append((t1 - t0) / calls)
     gc.enable()
 
-    expected = 1 + warmup + blocks * calls
+    verify_calls(variant, info, calls_now, before, 1 + warmup + blocks * calls)
+    info.update({"torch_threads": torch.get_num_threads(), "per_call_ns": samples})
+    return info
+
+
+def verify_calls(variant, info, calls_now, before, expected):
+    """The kernel under test ran exactly `expected` times, and no call fell back."""
     if calls_now is not None:
         ran = calls_now() - before
         if ran != expected:
             raise RuntimeError(f"{variant}: the kernel under test ran {ran} times, expected {expected}")
         info["kernel_calls_verified"] = ran
     check_no_fallback(variant)
-    info.update({"torch_threads": torch.get_num_threads(), "per_call_ns": samples})
-    return info
 
 
 def sweep_worker(variant: str, blocks: int, block_ns: int) -> dict:
@@ -217,12 +221,7 @@ def sweep_worker(variant: str, blocks: int, block_ns: int) -> dict:
         made += blocks * calls
         sizes[str(n)] = {"calls_per_block": calls, "per_call_ns": samples}
         del a, b, a_cpu, b_cpu
-    if calls_now is not None:
-        ran = calls_now() - before
-        if ran != made:
-            raise RuntimeError(f"{variant}: the kernel under test ran {ran} times, expected {made}")
-        info["kernel_calls_verified"] = ran
-    check_no_fallback(variant)
+    verify_calls(variant, info, calls_now, before, made)
     info.update({"torch_threads": torch.get_num_threads(), "sizes": sizes})
     return info
 

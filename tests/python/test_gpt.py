@@ -57,14 +57,19 @@ def assert_matches_cpu(run, cpu_run, loss_atol=LOSS_ATOL, param_atol=PARAM_ATOL)
     assert run.losses[-1] < 0.95 * run.losses[0], f"the loss did not go down: {run.losses}"
 
 
-def test_training_with_reference_plugin_matches_cpu(cpu_run, load_plugin, plugin_file):
-    load_plugin(plugin_file("reference"))
+def train_with_plugin_and_check(plugin, ops, cpu_run, load_plugin, plugin_file):
+    """Trains with `plugin` loaded: matches the CPU, and every call of `ops` reached the plugin."""
+    load_plugin(plugin_file(plugin))
     run = gpt.train(DEVICE, steps=TRAIN_STEPS, seed=SEED)
     assert_matches_cpu(run, cpu_run)
-    for op in PLUGIN_OPS_OF_THE_STEP:
+    for op in ops:
         calls, declines, fallbacks = op_stats(op)
-        assert calls > 0, f"{op} never reached the reference plugin"
+        assert calls > 0, f"{op} never reached the {plugin} plugin"
         assert (declines, fallbacks) == (0, 0), f"{op}: {declines} declines, {fallbacks} fallbacks"
+
+
+def test_training_with_reference_plugin_matches_cpu(cpu_run, load_plugin, plugin_file):
+    train_with_plugin_and_check("reference", PLUGIN_OPS_OF_THE_STEP, cpu_run, load_plugin, plugin_file)
 
 
 # With the fast plugin: layer norm, embedding and AdamW too. (It leaves
@@ -77,13 +82,7 @@ FAST_PLUGIN_OPS_OF_THE_STEP = tuple(op for op in PLUGIN_OPS_OF_THE_STEP if op no
 
 
 def test_training_with_fast_plugin_matches_cpu(cpu_run, load_plugin, plugin_file):
-    load_plugin(plugin_file("fast"))
-    run = gpt.train(DEVICE, steps=TRAIN_STEPS, seed=SEED)
-    assert_matches_cpu(run, cpu_run)
-    for op in FAST_PLUGIN_OPS_OF_THE_STEP:
-        calls, declines, fallbacks = op_stats(op)
-        assert calls > 0, f"{op} never reached the fast plugin"
-        assert (declines, fallbacks) == (0, 0), f"{op}: {declines} declines, {fallbacks} fallbacks"
+    train_with_plugin_and_check("fast", FAST_PLUGIN_OPS_OF_THE_STEP, cpu_run, load_plugin, plugin_file)
 
 
 def test_training_on_fallback_only_matches_cpu(cpu_run):
