@@ -53,10 +53,6 @@ std::vector<double> run_blocks(const Options& o, const std::function<void()>& ca
   return per_call;
 }
 
-at::Tensor device_randn(int64_t n) {
-  return at::randn({n}).to(c10::Device(c10::DeviceType::PrivateUse1, 0));
-}
-
 void check_close(const at::Tensor& got, const at::Tensor& want) {
   if (!at::allclose(got.cpu(), want)) throw std::runtime_error("wrong result");
 }
@@ -129,7 +125,7 @@ int main(int argc, char** argv) {
       auto entry = reinterpret_cast<maxdev_plugin_entry_fn>(dlsym(lib, MAXDEV_ENTRY_SYMBOL));
       if (entry == nullptr) throw std::runtime_error("no entry point");
       const maxdev_host_api host{sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR,
-                                 no_alloc, record_error, ignore_log, nullptr};
+                                 no_alloc, record_error, ignore_log, nullptr, nullptr};
       const maxdev_plugin_def* def = nullptr;
       if (entry(&host, &def) != MAXDEV_OK) throw std::runtime_error("entry refused");
       maxdev_kernel_fn fn = nullptr;

@@ -16,8 +16,10 @@
 
 include_guard(GLOBAL)
 
+# Autoload off: the build must not import an installed max_device, whose
+# extension may be the stale one this build replaces.
 execute_process(
-  COMMAND "${Python3_EXECUTABLE}" -c
+  COMMAND "${CMAKE_COMMAND}" -E env TORCH_DEVICE_BACKEND_AUTOLOAD=0 "${Python3_EXECUTABLE}" -c
     "import os, torch, torch.utils; print(torch.__version__); print(torch.utils.cmake_prefix_path); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
   OUTPUT_VARIABLE _torch_facts OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
 string(REPLACE "\n" ";" _torch_facts "${_torch_facts}")

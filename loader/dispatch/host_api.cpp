@@ -7,6 +7,7 @@
 #include <array>
 
 #include "common/log.h"
+#include "dispatch/call_args.h"
 #include "device/allocator.h"
 
 namespace maxdev::dispatch {
@@ -51,6 +52,7 @@ maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype
   if (ctx == nullptr || out == nullptr) return MAXDEV_ERROR;
   auto fail = [&](const std::string& why) {
     ctx->error = "alloc_output: " + why;
+    ctx->host_failure = true;
     return MAXDEV_ERROR;
   };
   if (ctx->sig == nullptr) return fail("called outside a kernel call");
@@ -89,6 +91,7 @@ maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndi
   if (ctx == nullptr || out == nullptr) return MAXDEV_ERROR;
   auto fail = [&](const std::string& why) {
     ctx->error = "resize_output: " + why;
+    ctx->host_failure = true;
     return MAXDEV_ERROR;
   };
   if (ctx->sig == nullptr) return fail("called outside a kernel call");
@@ -100,10 +103,24 @@ maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndi
     return fail("output " + std::to_string(index) + " is not an argument (out=) tensor; allocate it with alloc_output");
   }
   if (ndim < 0 || (ndim > 0 && shape == nullptr)) return fail("invalid shape");
+  const at::Tensor& target = *ctx->aliases[index];
+  const c10::IntArrayRef sizes(shape, static_cast<size_t>(ndim));
   try {
+    if (target.sizes() != sizes && ctx->args != nullptr) {
+      // PyTorch's TensorIterator never resizes an output that is also an
+      // input (mul.out(x, x, y), the in-place forms). The out= argument
+      // counts once; another argument of the same tensor (the same C++
+      // object too, in an unboxed call) is an input.
+      int uses = 0;
+      for (const at::Tensor* arg : ctx->args->tensors()) uses += arg->is_same(target) ? 1 : 0;
+      TORCH_CHECK(uses <= 1, "output with shape ", target.sizes(), " doesn't match the broadcast shape ", sizes);
+    }
     // PyTorch's rule for out=: resize an empty tensor silently, warn for a
     // non-empty one of another shape.
-    at::native::resize_output(*ctx->aliases[index], c10::IntArrayRef(shape, static_cast<size_t>(ndim)));
+    at::native::resize_output(target, sizes);
+  } catch (const c10::Error& e) {
+    ctx->input_error = std::current_exception();
+    return fail(e.what_without_backtrace());
   } catch (const std::exception& e) {
     return fail(e.what());
   }
@@ -114,7 +131,17 @@ maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndi
 }
 
 maxdev_status set_error(maxdev_host_context* ctx, const char* message) {
-  if (ctx != nullptr) ctx->error = message != nullptr ? message : "(no message)";
+  if (ctx == nullptr) return MAXDEV_ERROR;
+  std::string text = message != nullptr ? message : "(no message)";
+  // A kernel reporting a failed host call ("resize_output(0) failed")
+  // keeps the host's reason with it.
+  if (ctx->host_failure) {
+    text += ": " + ctx->error;
+  } else {
+    ctx->input_error = nullptr;  // the kernel failed for a reason of its own
+  }
+  ctx->error = std::move(text);
+  ctx->host_failure = false;
   return MAXDEV_ERROR;
 }
 

@@ -6,15 +6,26 @@
 #include <c10/util/SmallVector.h>
 #include <max_device/plugin.h>
 
+#include <exception>
 #include <string>
 
 #include "dispatch/op_signature.h"
+
+namespace maxdev::dispatch {
+class CallArgs;
+}
 
 // Defined here, opaque to plugins.
 struct maxdev_host_context {
   const std::string* plugin;             // the plugin's name, for logs and errors
   const maxdev::dispatch::OpSignature* sig = nullptr;  // null outside kernel calls
-  std::string error;                     // set_error's message
+  const maxdev::dispatch::CallArgs* args = nullptr;    // the call's arguments, with sig
+  std::string error;                     // set_error's message, or a failed host call's
+  bool host_failure = false;             // `error` is a host call's, not yet reported
+  // PyTorch's own error on the call's input, from a host call (resize_output
+  // of an out= that is also an input): a kernel failing with it raises it
+  // as is, the CPU's error type and message.
+  std::exception_ptr input_error;
   bool meta = false;                     // a meta function's call: outputs are meta tensors
   // One slot per return of the op. An allocated one (alloc_output) is
   // held in `outputs`; an aliased one is the argument tensor it aliases,

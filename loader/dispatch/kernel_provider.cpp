@@ -157,6 +157,7 @@ namespace {
 // The per-call context: one slot per return; an aliased return (in-place,
 // out=) starts as the argument tensor it aliases, borrowed.
 void prepare_outputs(maxdev_host_context& ctx, const OpSignature& sig, const CallArgs& args) {
+  ctx.args = &args;
   const size_t num_outputs = sig.return_aliases.size();
   ctx.outputs.resize(num_outputs);
   ctx.output_views.resize(num_outputs);
@@ -195,6 +196,7 @@ bool KernelProvider::run_meta(const OpSlot& slot, torch::jit::Stack* stack) {
   } catch (...) {
     throw_kernel_error(*owner_, slot.name, "its meta function threw a C++ exception across the C ABI");
   }
+  if (status == MAXDEV_ERROR && ctx.input_error) std::rethrow_exception(ctx.input_error);
   if (status != MAXDEV_OK) {
     throw_kernel_error(*owner_, slot.name,
                        "its meta function " + std::string(status == MAXDEV_DECLINED ? "declined" : "failed") +
@@ -269,6 +271,7 @@ bool KernelProvider::run(const CallArgs& args, Returns& returns) {
     return false;
   }
   count_call();
+  if (status == MAXDEV_ERROR && ctx.input_error) std::rethrow_exception(ctx.input_error);
   if (status != MAXDEV_OK) {
     throw_kernel_error(*owner_, slot.name,
                        status == MAXDEV_ERROR ? (ctx.error.empty() ? "failed without a message" : ctx.error)

@@ -40,3 +40,18 @@ def test_a_plugin_built_before_abi_1_3_is_refused_an_op_taking_a_bool_list(fixtu
                        match=r"native_layer_norm_backward.*bool\[\].*built against ABI 1\.2"):
         max_device.load_plugin(fixture_file("bool_list_at_abi_1_2"))
     assert all(p.name != "bool_list_at_abi_1_2" for p in max_device.list_plugins())
+
+
+def test_resize_output_never_resizes_an_out_tensor_that_is_also_an_input(load_plugin, plugin_file):
+    load_plugin(plugin_file("fast"))  # its mul.out resizes out= through the host
+    other = torch.ones(3, 1)
+    for device in ("cpu", DEVICE):
+        for call in (lambda x, y: torch.mul(x, y, out=x), lambda x, y: x.ldexp_(y.long())):
+            x = torch.empty(0, 1, 3, device=device)
+            with pytest.raises(RuntimeError,
+                               match=r"output with shape \[0, 1, 3\] doesn't match the broadcast shape \[0, 3, 3\]"
+                               ) as raised:
+                call(x, other.to(device))
+            assert type(raised.value) is RuntimeError  # PyTorch's own error, not a KernelError
+            assert x.shape == (0, 1, 3)
+    assert op_stats("aten::mul.out")[0] >= 1  # the plugin's kernel was reached on max_device

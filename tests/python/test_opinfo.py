@@ -132,12 +132,6 @@ KNOWN_FAILURES = {
         "(sample 31) differs from the CPU by 1e-7 relative at float64/complex128, a float32-sized "
         "error; a plugin kernel probably accumulates a strided operand in float: bug, fix planned")
        for dtype in (torch.float64, torch.complex128)},
-    **{("test_inplace", "ldexp", dtype, "Fast"): (
-        "loader bug: ldexp_ runs mul.out(self, self, 2**other); the host's resize_output lets the "
-        "fast plugin resize an empty out= tensor that is also an input to the broadcast shape, where "
-        "the CPU refuses ('output with shape [0, 1, 3] doesn't match the broadcast shape'); fix "
-        "planned: refuse resizing an out= tensor that is an input")
-       for dtype in (torch.float32, torch.bfloat16)},
     **{("test_inplace", "conj_physical", dtype, None): (
         "loader gap: conj_physical_'s CompositeExplicitAutograd kernel wins over the fallback and "
         "calls a DispatchStub with no max_device kernel (internal assert)")

@@ -207,7 +207,9 @@ typedef struct maxdev_host_api {
    * explicit out= reaches the kernel as the user passed it (e.g.
    * torch.empty(0)), so a kernel calls this with the shape it will write.
    * A tensor of another shape that is not empty is resized with PyTorch's
-   * deprecation warning, as on the CPU. Stores the resized view in
+   * deprecation warning, as on the CPU. An out= tensor that is also an
+   * input (mul.out(x, x, y)) is never resized: another shape fails, and a
+   * kernel that then fails raises PyTorch's own error, as the CPU does. Stores the resized view in
    * *out (and in call->outputs[index]); the argument's view in call->args
    * is stale afterwards. Contiguous if the tensor was reallocated. */
   maxdev_status (*resize_output)(maxdev_host_context* ctx, int32_t index,
