@@ -490,8 +490,6 @@ class DirectFallbacks {
     }
   }
 
- public:
-
  private:
   std::mutex mutex_;
   std::unordered_map<std::string, c10::RegistrationHandleRAII> by_op_;           // form -> its registration
@@ -531,10 +529,12 @@ void register_cpu_kernel_routes(torch::Library& m) {
   // decompose through native_batch_norm, where the CPU's kernels accumulate
   // float16/bfloat16 inputs in float; addr would run math_addr. Layer norm's
   // route is its trampoline's no-provider path, so a plugin kernel can serve
-  // it too.
+  // it too. conj_physical_'s composite (every backend's, the CPU's too)
+  // calls a DispatchStub, which has no max_device kernel: through the
+  // fallback it calls the CPU's.
   OpTable::instance().route_to_cpu_kernel("aten::native_layer_norm");
   for (const char* op : {"native_group_norm", "addr", "addr.out", "_stack", "_stack.out", "all.dims_out",
-                         "any.dims_out", "linalg__powsum"}) {
+                         "any.dims_out", "linalg__powsum", "conj_physical_"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
   }
   direct_fallbacks();

@@ -215,8 +215,16 @@ void binary_out(Call& call, fast::BinaryOp op, bool has_alpha) {
   bool any_device = false;
   for (int i = 0; i < 2; ++i) {
     if (ins[i].is_cpu()) {
-      // kept in float32 for bfloat16 too, as PyTorch's opmath does
       if (!cpu_scalar(ins[i], &ops[i].scalar)) throw Declined{};
+      // As the CPU's bfloat16 kernels: mul and div keep a scalar divisor or
+      // factor in float32 (their opmath special case); add, sub and a
+      // scalar first operand take it rounded to bfloat16.
+      const bool opmath_scalar = i == 1 && (op == fast::BinaryOp::kMul || op == fast::BinaryOp::kDiv);
+      if (d == Dt::bf16 && !opmath_scalar) {
+        uint16_t rounded;
+        K(call).f32_to_bf16(&ops[i].scalar, &rounded, 1);
+        ops[i].scalar = bf16_value(rounded);
+      }
     } else {
       if (!device_contiguous(ins[i], d) || ins[i].ndim() > kMaxDims) throw Declined{};
       ops[i].data = ins[i].data_ptr();

@@ -53,3 +53,16 @@ def test_addr_is_the_cpus_functional_out_and_in_place():
     assert torch.addr(*d, beta=0.5, alpha=3, out=out) is out and torch.equal(out.cpu(), expected)
     d[0].addr_(d[1], d[2], beta=0.5, alpha=3)
     assert torch.equal(d[0].cpu(), expected)
+
+
+def test_conj_physical_in_place_and_complex_svd_out():
+    # conj_physical_'s composite kernel calls a DispatchStub directly (no
+    # max_device kernel); svd(out=) of a complex matrix calls it.
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, dtype=torch.complex64)
+    d = x.to(DEVICE)
+    assert d.conj_physical_() is d and torch.equal(d.cpu(), x.conj_physical())
+    outs = tuple(torch.empty(0, dtype=t, device=DEVICE) for t in (torch.complex64, torch.float32, torch.complex64))
+    u, s, v = torch.svd(x.to(DEVICE), out=outs)
+    assert u is outs[0] and v is outs[2]
+    torch.testing.assert_close((u * s.to(u.dtype)) @ v.mH, x.to(DEVICE))

@@ -126,6 +126,20 @@ def test_bfloat16_is_served_and_rounded_once(fast):
     assert torch.equal(got, x * y)  # float32 product, one rounding: what the CPU gives
 
 
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_bfloat16_with_a_python_number_rounds_it_as_the_cpu_does(fast, op):
+    # The CPU rounds the number to bfloat16 for add and sub and for a number
+    # first operand, and keeps it in float32 as mul's or div's second: 0.9189
+    # (gaussian_nll_loss's constant) tells the two apart on these inputs.
+    torch.manual_seed(0)
+    x, c = (torch.randn(4096) * 3).bfloat16(), 0.9189385332046727
+    f = getattr(torch, op)
+    calls = op_stats(f"aten::{op}.out")[0]
+    d = x.to(DEVICE)
+    assert torch.equal(f(d, c).cpu(), f(x, c)) and torch.equal(f(c, d).cpu(), f(c, x))
+    assert op_stats(f"aten::{op}.out")[0] == calls + 2
+
+
 @pytest.mark.parametrize("case", ["non-contiguous", "float64", "bfloat16 GEMM", "small GEMM", "softmax dim 0"])
 def test_what_it_does_not_serve_falls_to_the_cpu(fast, case):
     x = torch.randn(32, 48)
