@@ -89,7 +89,7 @@ def main():
     return 0 if all(code == 0 for code, *_ in finished.values()) else 1
 
 
-def report(finished, args, wall):
+def report(finished, args, total_wall):
     """Prints the table, the categories and the failing tests; finished:
     shard -> (exit code, wall s, CPU s, JUnit XML path)."""
     rows, failing, categories, totals = [], [], collections.Counter(), collections.defaultdict(collections.Counter)
@@ -111,8 +111,9 @@ def report(finished, args, wall):
 
     header = ("shard", "configuration", "passed", "failed", "skipped", "xfailed", "wall min", "cpu min", "result")
     widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
-    print(f"\nOpInfo full run, {args.shards} shards, {args.jobs} at a time: "
-          f"{wall / 60:.1f} min wall")
+    total_cpu = sum(cpu for _, _, cpu, _ in finished.values())
+    print(f"\nOpInfo full run, {len(finished)} of {args.shards} shards, {args.jobs} at a time: "
+          f"{total_wall / 60:.1f} min wall, {total_cpu / 60:.1f} CPU min")
     for row in [header] + rows:
         print("  ".join(str(v).rjust(w) for v, w in zip(row, widths)))
     print("\nknown failures (strict xfail) by category:")
