@@ -529,11 +529,13 @@ void register_cpu_kernel_routes(torch::Library& m) {
   // decompose through native_batch_norm, where the CPU's kernels accumulate
   // float16/bfloat16 inputs in float; addr would run math_addr. Layer norm's
   // route is its trampoline's no-provider path, so a plugin kernel can serve
-  // it too. conj_physical_'s composite (every backend's, the CPU's too)
-  // calls a DispatchStub, which has no max_device kernel: through the
-  // fallback it calls the CPU's.
+  // it too. Two composites that every backend shares, the CPU included, run
+  // as the CPU's through the fallback too: conj_physical_'s calls a
+  // DispatchStub, which has no max_device kernel; addr_'s passes one C++
+  // tensor as self and out=, which addr.out's CPU kernel tells apart by
+  // address, an identity the boxed fallback's two stack entries lose.
   OpTable::instance().route_to_cpu_kernel("aten::native_layer_norm");
-  for (const char* op : {"native_group_norm", "addr", "addr.out", "_stack", "_stack.out", "all.dims_out",
+  for (const char* op : {"native_group_norm", "addr", "addr.out", "addr_", "_stack", "_stack.out", "all.dims_out",
                          "any.dims_out", "linalg__powsum", "conj_physical_"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());
   }

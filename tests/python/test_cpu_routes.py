@@ -1,8 +1,11 @@
 """Ops whose CPU kernel would lose to a CompositeExplicitAutograd kernel on
 max_device run the CPU's kernel (loader/dispatch/cpu_fallback.cpp,
 register_cpu_kernel_routes), so they compute what the CPU computes, bit for
-bit: the composite kernels round float16/bfloat16 differently."""
+bit: the composite kernels round float16/bfloat16 differently. Two
+composites the CPU shares run as the CPU's too: conj_physical_ (it calls a
+DispatchStub) and addr_ (it relies on a C++ object's address)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -53,6 +56,11 @@ def test_addr_is_the_cpus_functional_out_and_in_place():
     assert torch.addr(*d, beta=0.5, alpha=3, out=out) is out and torch.equal(out.cpu(), expected)
     d[0].addr_(d[1], d[2], beta=0.5, alpha=3)
     assert torch.equal(d[0].cpu(), expected)
+    # addr_ never broadcasts self (addr.out's CPU kernel checks self is out=
+    # by the C++ object's address): a 0-d self is an error, as on the CPU.
+    for device in ("cpu", DEVICE):
+        with pytest.raises(RuntimeError, match="2D tensor expected, got 0D tensor for input"):
+            torch.tensor(2.0, device=device).addr_(u.to(device), v.to(device))
 
 
 def test_conj_physical_in_place_and_complex_svd_out():

@@ -99,11 +99,6 @@ KNOWN_FAILURES = {
     ("test_errors", "cat", None, None): (
         "loader bug: cat(out=) with an out tensor that overlaps an input raises RuntimeError on the "
         "CPU ('refer to a single memory location'), nothing on max_device"),
-    ("test_inplace", "addr", None, None): (
-        "max_device divergence, not diagnosed further: addr_ on a 0-d self with vectors of sizes "
-        "5 and 10 raises RuntimeError on the CPU and resizes self on max_device (addr_'s "
-        "CompositeExplicitAutograd kernel calls addr.out(self, self, ...), whose CPU kernel now "
-        "runs on max_device too: the difference is in resizing the aliased out= self)"),
     ("test_out", "mode", None, None): (
         "PyTorch divergence: mode's out= variant refuses every device but CPU, CUDA and XPU "
         "before dispatch"),
