@@ -35,9 +35,14 @@ def to_device(value, storages: Optional[dict] = None):
     """Copy a sample to max_device, keeping its memory layout: tensors that
     share a CPU storage share one device storage, with the same storage
     offset and strides (as_strided samples index into the whole storage,
-    and error_inputs test out= tensors that overlap their inputs)."""
+    and error_inputs test out= tensors that overlap their inputs), and one
+    tensor passed twice is one device tensor (cat(out=) of an empty input:
+    empty storages have no address to share)."""
     storages = {} if storages is None else storages
     if isinstance(value, torch.Tensor):
+        same = storages.get(("tensor", id(value)))
+        if same is not None:
+            return same[1]
         t = value.detach()
         cpu_storage = t.untyped_storage()
         key = cpu_storage.data_ptr()
@@ -50,7 +55,9 @@ def to_device(value, storages: Optional[dict] = None):
             dev_storage, t.storage_offset(), t.size(), t.stride())
         # the storage holds the unconjugated, unnegated values: keep the views' bits
         moved = moved.conj() if t.is_conj() else moved
-        return moved._neg_view() if t.is_neg() else moved
+        moved = moved._neg_view() if t.is_neg() else moved
+        storages[("tensor", id(value))] = (value, moved)  # holding value keeps its id unique
+        return moved
     if isinstance(value, (list, tuple)):
         moved = [to_device(v, storages) for v in value]
         return moved if isinstance(value, list) else tuple(moved)

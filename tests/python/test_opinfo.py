@@ -96,9 +96,6 @@ KNOWN_FAILURES = {
        for test in ("test_compare_cpu", "test_noncontiguous_samples")},
     ("test_errors", "gradient", None, None):
         "harness: an error input holds a meta tensor, which cannot be copied to max_device",
-    ("test_errors", "cat", None, None): (
-        "loader bug: cat(out=) with an out tensor that overlaps an input raises RuntimeError on the "
-        "CPU ('refer to a single memory location'), nothing on max_device"),
     ("test_out", "mode", None, None): (
         "PyTorch divergence: mode's out= variant refuses every device but CPU, CUDA and XPU "
         "before dispatch"),
