@@ -20,9 +20,10 @@ c10::Storage alias_storage(c10::StorageImpl* device_storage) {
   c10::DataPtr ptr(data, device_storage, &release_storage_ref, c10::Device(c10::kCPU));
   // Resizable with the host-side allocator: an out= kernel may grow it (and
   // views of the grown alias still read as CPU), and commit() moves the
-  // grown buffer to the device storage.
+  // grown buffer to the device storage. Not if the device storage cannot
+  // grow (shared memory): then the kernel raises PyTorch's error.
   return c10::Storage(c10::Storage::use_byte_size_t(), device_storage->nbytes(), std::move(ptr),
-                      &host_side_allocator(), /*resizable=*/true);
+                      &host_side_allocator(), device_storage->resizable());
 }
 
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {

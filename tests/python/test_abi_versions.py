@@ -55,3 +55,17 @@ def test_resize_output_never_resizes_an_out_tensor_that_is_also_an_input(load_pl
             assert type(raised.value) is RuntimeError  # PyTorch's own error, not a KernelError
             assert x.shape == (0, 1, 3)
     assert op_stats("aten::mul.out")[0] >= 1  # the plugin's kernel was reached on max_device
+
+
+@pytest.mark.parametrize("served_by", ["plugin", "fallback"])
+def test_an_out_tensor_whose_storage_cannot_grow_is_not_resized(load_plugin, plugin_file, served_by):
+    # (The CPU itself crashes here: torch 2.13 resizes a shared-memory CPU
+    # storage through a null allocator. max_device raises PyTorch's error.)
+    if served_by == "plugin":
+        load_plugin(plugin_file("sdk_example"))  # its silu.out resizes out= through the host
+    calls = op_stats("aten::silu.out")[0]
+    out = torch.zeros(2, device=DEVICE).share_memory_()  # moved to shared memory: not resizable
+    with pytest.raises(RuntimeError, match="Trying to resize storage that is not resizable") as raised:
+        torch.ops.aten.silu.out(torch.randn(5, device=DEVICE), out=out)
+    assert type(raised.value) is RuntimeError and out.shape == (2,)
+    assert op_stats("aten::silu.out")[0] == calls + (served_by == "plugin")
