@@ -1,5 +1,6 @@
 #include "device/host_alias.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
@@ -36,8 +37,12 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tenso
   return t;
 }
 
+// What a device storage over a buffer another allocator made owns: the CPU
+// storage it adopted (shared memory, files), or the buffer alone (a CPU
+// kernel's result converted in place).
 struct AdoptedBuffer {
-  c10::intrusive_ptr<c10::StorageImpl> cpu;
+  c10::intrusive_ptr<c10::StorageImpl> cpu_storage;
+  c10::DataPtr cpu_data;
   int64_t nbytes;
   c10::DeviceIndex device;
 };
@@ -46,6 +51,39 @@ void release_adopted(void* ctx) {
   auto* adopted = static_cast<AdoptedBuffer*>(ctx);
   allocator().note_adopted_release(adopted->device, adopted->nbytes);
   delete adopted;
+}
+
+c10::DataPtr adopted_data_ptr(void* data, AdoptedBuffer* adopted) {
+  allocator().note_adopted(adopted->device, adopted->nbytes);
+  return c10::DataPtr(data, adopted, &release_adopted, c10::Device(kDeviceType, adopted->device));
+}
+
+// A CPU kernel's fresh result that nothing else holds (a plain strided
+// tensor on a storage of its own from the CPU allocator) becomes the device
+// tensor itself: its storage keeps the buffer under a device DataPtr and
+// the device allocator, its TensorImpl takes the device's dispatch keys.
+// No TensorImpl or StorageImpl is made, the common case of every fallback
+// call with an output.
+bool convert_in_place(const at::Tensor& result) {
+  auto* impl = result.unsafeGetTensorImpl();
+  if (result.use_count() != 1 || result.weak_use_count() != 1 || typeid(*impl) != typeid(c10::TensorImpl) ||
+      result.layout() != c10::kStrided || impl->key_set().highestBackendKey() != c10::BackendComponent::CPUBit ||
+      !impl->has_storage()) {
+    return false;
+  }
+  const c10::Storage& storage = impl->storage();
+  auto* storage_impl = storage.unsafeGetStorageImpl();
+  if (storage.use_count() != 1 || !storage_impl->resizable() || storage_impl->allocator() != c10::GetCPUAllocator() ||
+      storage_impl->device_type() != c10::kCPU) {
+    return false;
+  }
+  const auto nbytes = static_cast<int64_t>(storage_impl->nbytes());
+  auto* adopted = new AdoptedBuffer{{}, storage_impl->set_data_ptr(c10::DataPtr()), nbytes, current_device_index()};
+  storage_impl->set_data_ptr_noswap(adopted_data_ptr(adopted->cpu_data.mutable_get(), adopted));
+  storage_impl->set_allocator(&allocator());
+  impl->set_storage_keep_dtype(storage);  // its device follows the storage's
+  impl->_change_backend_component_keys(c10::Device(kDeviceType, adopted->device));
+  return true;
 }
 
 }  // namespace
@@ -58,18 +96,18 @@ c10::Storage adopt_cpu_storage(const c10::Storage& cpu_storage) {
   auto* impl = cpu_storage.unsafeGetStorageImpl();
   const auto nbytes = static_cast<int64_t>(impl->nbytes());
   void* data = impl->mutable_data();
-  const c10::DeviceIndex device = current_device_index();
-  auto* adopted = new AdoptedBuffer{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), nbytes, device};
-  allocator().note_adopted(device, nbytes);
-  c10::DataPtr ptr(data, adopted, &release_adopted, c10::Device(kDeviceType, device));
-  return c10::Storage(c10::Storage::use_byte_size_t(), impl->nbytes(), std::move(ptr), &allocator(),
+  auto* adopted = new AdoptedBuffer{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), c10::DataPtr(), nbytes,
+                                    current_device_index()};
+  return c10::Storage(c10::Storage::use_byte_size_t(), impl->nbytes(), adopted_data_ptr(data, adopted), &allocator(),
                       /*resizable=*/true);
 }
 
 std::optional<c10::Storage> adopted_cpu_storage(const c10::Storage& device_storage) {
   const c10::DataPtr& ptr = device_storage.data_ptr();
   if (ptr.get_deleter() != &release_adopted) return std::nullopt;
-  return c10::Storage(static_cast<AdoptedBuffer*>(ptr.get_context())->cpu);
+  const auto& cpu = static_cast<AdoptedBuffer*>(ptr.get_context())->cpu_storage;
+  if (!cpu) return std::nullopt;
+  return c10::Storage(cpu);
 }
 
 void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage) {
@@ -150,6 +188,7 @@ at::Tensor HostAliasScope::to_device(const at::Tensor& result) {
   for (const auto& pair : tensors_) {
     if (pair.alias.unsafeGetTensorImpl() == result.unsafeGetTensorImpl()) return pair.device;
   }
+  if (convert_in_place(result)) return result;
   return device_tensor_on(device_storage_for(result.storage()), result);
 }
 

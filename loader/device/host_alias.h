@@ -8,7 +8,8 @@
 //   - a result that lives in an alias storage becomes a view of the device
 //     storage (in-place and out= results become the argument itself);
 //   - a result the kernel allocated is adopted: a device storage takes over
-//     the CPU buffer, no bytes move.
+//     the CPU buffer, no bytes move (a fresh result that nothing else holds
+//     is turned into the device tensor in place, its own objects reused).
 // If a kernel resizes an alias (out= of the wrong size), the alias storage
 // grows with the device allocator and commit() re-seats the device storage
 // on the new buffer, so every view of it sees the result.

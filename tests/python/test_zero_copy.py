@@ -11,6 +11,8 @@ DEVICE = "max_device"
 _lib = torch.library.Library("max_device_zc_test", "DEF")
 _lib.define("record(Tensor x) -> Tensor")
 _lib.define("record_inplace(Tensor(a!) x) -> ()")
+_lib.define("keep(Tensor x) -> Tensor")
+_lib.define("halves(Tensor x) -> (Tensor, Tensor)")
 
 SEEN = {}
 
@@ -30,8 +32,20 @@ def _record_inplace_cpu(x):
     x.add_(100)
 
 
+def _keep_cpu(x):
+    SEEN["kept"] = x + 1  # the kernel holds on to its result
+    return SEEN["kept"]
+
+
+def _halves_cpu(x):
+    both = x * 3  # one fresh buffer, two results over it
+    return both[: len(x) // 2], both[len(x) // 2:]
+
+
 _lib.impl("record", _record_cpu, "CPU")
 _lib.impl("record_inplace", _record_inplace_cpu, "CPU")
+_lib.impl("keep", _keep_cpu, "CPU")
+_lib.impl("halves", _halves_cpu, "CPU")
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +91,28 @@ def test_adopted_output_memory_is_accounted_and_freed():
     assert out.untyped_storage().device.type == DEVICE
     del out
     assert torch.max_device.memory_allocated() == before
+
+
+def test_an_output_the_kernel_still_holds_stays_a_cpu_tensor_for_it():
+    # A fresh result nothing else holds becomes the device tensor itself; one
+    # the kernel keeps must stay a CPU tensor for its holder, over the same bytes.
+    d = torch.arange(4.0).to(DEVICE)
+    out = torch.ops.max_device_zc_test.keep(d)
+    kept = SEEN["kept"]
+    assert kept.device.type == "cpu" and out.device.type == DEVICE
+    assert out.data_ptr() == kept.data_ptr()
+    out.mul_(10)
+    assert kept.tolist() == [10.0, 20.0, 30.0, 40.0]
+
+
+def test_outputs_over_one_buffer_share_one_device_storage():
+    d = torch.arange(6.0).to(DEVICE)
+    first, second = torch.ops.max_device_zc_test.halves(d)
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    assert first.untyped_storage().device.type == DEVICE
+    second.fill_(-1)  # one storage: a write through one result shows in the other's base
+    assert first.tolist() == [0.0, 3.0, 6.0]
+    assert torch.as_strided(first, (6,), (1,), 0).tolist() == [0.0, 3.0, 6.0, -1.0, -1.0, -1.0]
 
 
 def test_aten_non_structured_op_output_is_adopted():
