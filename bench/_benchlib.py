@@ -80,7 +80,9 @@ def loadavg() -> Optional[List[float]]:
 
 def summarize(samples: List[float]) -> dict:
     s = sorted(samples)
-    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
+    # "inclusive": within the samples; the default extrapolates past them, which
+    # with a quick run's few samples can put p10 below zero.
+    q = statistics.quantiles(s, n=10, method="inclusive") if len(s) >= 2 else [s[0]] * 9
     return {"median": statistics.median(s), "p10": q[0], "p90": q[-1], "min": s[0], "n": len(s)}
 
 
