@@ -38,8 +38,9 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tenso
 }
 
 // What a device storage over a buffer another allocator made owns: the CPU
-// storage it adopted (shared memory, files), or the buffer alone (a CPU
-// kernel's result converted in place).
+// storage it adopted (one that others may still hold: a result the kernel
+// kept or that shares its buffer, a shared-memory storage), or the buffer
+// alone (a CPU kernel's result converted in place).
 struct AdoptedBuffer {
   c10::intrusive_ptr<c10::StorageImpl> cpu_storage;
   c10::DataPtr cpu_data;
