@@ -862,8 +862,8 @@ void fused_adamw(Call& call) {
 
 // ---------------------------------------------------------------------------
 // GEMM (float32): C[b] (+)= alpha * A[b] @ B[b] with A, B of any strides
-// (packed into panels), C contiguous. Tasks are (batch, 192-row, 512-col)
-// blocks of C.
+// (packed into panels), C contiguous. Tasks are (batch, row block, column
+// block) blocks of C, at most 192 x 512 and near-equal in size.
 
 struct Matrix {
   const float* data;
@@ -911,42 +911,63 @@ void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int6
   }
 }
 
-// GotoBLAS's loop order: per K slice, the task's A block (mc x kc) is packed
-// once and stays in L2; each B panel (kc x NR) stays in L1 while every A
-// panel of the block passes it.
+// Splits `extent` rows (or columns) into `blocks` near-equal blocks, each a
+// whole number of `unit`s (a register tile) except the last: equal tasks
+// keep every thread busy to the end (1024 rows as 192-row blocks left one
+// thread 12% more work than the other).
+struct Blocking {
+  int64_t blocks, size;
+  Blocking(int64_t extent, int64_t max_size, int64_t unit) {
+    blocks = std::max<int64_t>(1, (extent + max_size - 1) / max_size);
+    const int64_t units = (extent + unit - 1) / unit;
+    size = (units + blocks - 1) / blocks * unit;
+    blocks = std::max<int64_t>(1, (extent + size - 1) / size);
+  }
+};
+
+// GotoBLAS's loop order. Tasks run with the row block varying fastest, so
+// a thread's range of tasks is runs of blocks sharing one column block:
+// per K slice, a run packs its B block (kc x nc) once, then each task's A
+// block (mc x kc, kept in L2), and each B panel (kc x NR) stays in L1 while
+// every A panel of the block passes it.
 void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, const Matrix& A,
           const Matrix& B, float* C, float alpha, bool add) {
   const fast::Kernels& k = K(call);
-  const int64_t mblocks = (M + kGemmMC - 1) / kGemmMC, nblocks = (N + kGemmNC - 1) / kGemmNC;
+  const Blocking mblock(M, kGemmMC, fast::kGemmMR), nblock(N, kGemmNC, fast::kGemmNR);
   // Panels sized to this product, not to the largest block, and left
   // uninitialized (packing writes every element read): a small GEMM (an
   // attention head's bmm) must not pay for zeroing or mapping 350 KiB.
-  const int64_t round_nr = (std::min(N, kGemmNC) + fast::kGemmNR - 1) / fast::kGemmNR * fast::kGemmNR;
-  const int64_t round_mr = (std::min(M, kGemmMC) + fast::kGemmMR - 1) / fast::kGemmMR * fast::kGemmMR;
+  const int64_t round_nr = (std::min(N, nblock.size) + fast::kGemmNR - 1) / fast::kGemmNR * fast::kGemmNR;
+  const int64_t round_mr = (std::min(M, mblock.size) + fast::kGemmMR - 1) / fast::kGemmMR * fast::kGemmMR;
   const size_t kc_max = static_cast<size_t>(std::max<int64_t>(1, std::min(Kd, fast::kGemmKC)));
-  call.parallel_for(0, batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
+  call.parallel_for(0, batch * nblock.blocks * mblock.blocks, 1, [&](int64_t t0, int64_t t1) {
     std::unique_ptr<float[]> bpack(new float[kc_max * static_cast<size_t>(round_nr)]);
     std::unique_ptr<float[]> apack(new float[kc_max * static_cast<size_t>(round_mr)]);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
-      const int64_t m0 = mb * kGemmMC, mc = std::min(kGemmMC, M - m0);
-      const int64_t n0 = nb * kGemmNC, nc = std::min(kGemmNC, N - n0);
+    for (int64_t run = t0; run < t1;) {
+      const int64_t bn = run / mblock.blocks, b = bn / nblock.blocks;
+      const int64_t run_end = std::min(t1, (bn + 1) * mblock.blocks);
+      const int64_t n0 = (bn % nblock.blocks) * nblock.size, nc = std::min(nblock.size, N - n0);
       float* Cb = C + b * M * N;
-      if (Kd == 0 && !add) {
-        for (int64_t r = 0; r < mc; ++r) std::fill(Cb + (m0 + r) * N + n0, Cb + (m0 + r) * N + n0 + nc, 0.f);
-      }
-      for (int64_t k0 = 0; k0 < Kd; k0 += fast::kGemmKC) {
+      for (int64_t k0 = 0; k0 < std::max<int64_t>(Kd, 1); k0 += fast::kGemmKC) {
         const int64_t kc = std::min(fast::kGemmKC, Kd - k0);
-        pack_b(B, b, k0, kc, n0, nc, bpack.get());
-        pack_a(A, b, m0, mc, k0, kc, apack.get());
-        for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
-          for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
-            k.gemm_tile(kc, apack.get() + i0 * kc, bpack.get() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
-                        std::min(fast::kGemmMR, mc - i0), std::min(fast::kGemmNR, nc - j0), alpha,
-                        add || k0 > 0);
+        if (kc > 0) pack_b(B, b, k0, kc, n0, nc, bpack.get());
+        for (int64_t t = run; t < run_end; ++t) {
+          const int64_t m0 = (t % mblock.blocks) * mblock.size, mc = std::min(mblock.size, M - m0);
+          if (kc <= 0) {  // K == 0: C = 0, or C unchanged when accumulating
+            for (int64_t r = 0; r < mc && !add; ++r) std::fill(Cb + (m0 + r) * N + n0, Cb + (m0 + r) * N + n0 + nc, 0.f);
+            continue;
+          }
+          pack_a(A, b, m0, mc, k0, kc, apack.get());
+          for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
+            for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
+              k.gemm_tile(kc, apack.get() + i0 * kc, bpack.get() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,
+                          std::min(fast::kGemmMR, mc - i0), std::min(fast::kGemmNR, nc - j0), alpha,
+                          add || k0 > 0);
+            }
           }
         }
       }
+      run = run_end;
     }
   });
 }

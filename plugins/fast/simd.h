@@ -25,7 +25,7 @@ struct AdamWStep {
 // GEMM blocking: C[MR x NR] tiles, K in KC slices, packed panels.
 constexpr int64_t kGemmMR = 12;
 constexpr int64_t kGemmNR = 32;
-constexpr int64_t kGemmKC = 128;
+constexpr int64_t kGemmKC = 256;
 
 struct Kernels {
   const char* isa;

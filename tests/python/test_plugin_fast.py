@@ -140,6 +140,42 @@ def test_bfloat16_with_a_python_number_rounds_it_as_the_cpu_does(fast, op):
     assert op_stats(f"aten::{op}.out")[0] == calls + 2
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", ["mm", "mm transposed", "addmm", "bmm"])
+def test_gemm_over_many_blocks_is_within_float32s_error_bound(fast, threads, case):
+    # Shapes past one block each way (row blocks of <= 192, column blocks of
+    # <= 512, K slices of 256), with edge tiles; checked against float64
+    # with the bound on a K-term float32 dot product: K * eps * (|A| @ |B|).
+    g = torch.Generator().manual_seed(4)
+    M, K, N = 403, 701, 1100
+    batch = 3 if case == "bmm" else 1
+    a = torch.randn(batch, M, K, generator=g)
+    b = torch.randn(batch, K, N, generator=g)
+    c = torch.randn(M, N, generator=g)
+    if case == "mm transposed":  # column-major operands take the other packing path
+        a, b = a.transpose(1, 2).contiguous().transpose(1, 2), b.transpose(1, 2).contiguous().transpose(1, 2)
+    run = {
+        "mm": lambda a, b, c: a[0] @ b[0],
+        "mm transposed": lambda a, b, c: a[0] @ b[0],
+        "addmm": lambda a, b, c: torch.addmm(c, a[0], b[0], beta=0.5, alpha=2),
+        "bmm": lambda a, b, c: torch.bmm(a, b),
+    }[case]
+    op = {"mm transposed": "aten::mm.out", "bmm": "aten::bmm.out", "addmm": "aten::addmm.out"}.get(case, "aten::mm.out")
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        calls = op_stats(op)[0]
+        got = run(*(t.to(DEVICE) for t in (a, b, c))).cpu().double()
+    finally:
+        torch.set_num_threads(before_threads)
+    assert op_stats(op)[0] == calls + 1, "the plugin's GEMM did not run"
+    exact = run(a.double(), b.double(), c.double())
+    scale = 2 if case == "addmm" else 1
+    bound = (K + 2) * torch.finfo(torch.float32).eps * (scale * run(a.double().abs(), b.double().abs(), c.double().abs()))
+    excess = (got - exact).abs() - bound
+    assert excess.max() <= 0, f"{case}: {int((excess > 0).sum())} elements past the bound"
+
+
 @pytest.mark.parametrize("case", ["non-contiguous", "float64", "bfloat16 GEMM", "small GEMM", "softmax dim 0"])
 def test_what_it_does_not_serve_falls_to_the_cpu(fast, case):
     x = torch.randn(32, 48)
