@@ -531,19 +531,24 @@ bool last_dim(const Tensor& t, int64_t dim) {
   return (dim < 0 ? dim + n : dim) == n - 1;
 }
 
-// Runs f(float* rows_in[N], float* row_out, n) for each row of `cols`
-// elements, converting bfloat16 rows.
+// Runs f(kernels, float* rows_in[N], float* row_out, n, stream, scratch)
+// for each row of `cols` elements, converting bfloat16 rows; `scratch` is a
+// row of the thread's own. A large float32 output is streamed (bfloat16
+// rows are written by the conversion).
 template <int N, typename F>
 void for_rows(const Call& call, const Tensor (&ins)[N], const Tensor& out, Dt d, int64_t cols, F f) {
   const int64_t rows = cols == 0 ? 0 : out.numel() / cols;
+  const bool stream = d == Dt::f32 && out.numel() * 4 >= kStreamBytes;
   const fast::Kernels& k = K(call);
   call.parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
-    std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>((N + 1) * cols) : 0);
+    // bfloat16: N input rows and the output row in float32; then scratch
+    std::vector<float> buf(static_cast<size_t>((d == Dt::bf16 ? N + 2 : 1) * cols));
+    float* scratch = buf.data() + (d == Dt::bf16 ? (N + 1) * cols : 0);
     for (int64_t r = b; r < e; ++r) {
       const float* v[N];
       for (int i = 0; i < N; ++i) load_f32(k, ins[i].data_ptr(), d, r * cols, cols, buf.data() + i * cols, &v[i]);
       float* o = d == Dt::f32 ? static_cast<float*>(out.data_ptr()) + r * cols : buf.data() + N * cols;
-      f(k, v, o, cols);
+      f(k, v, o, cols, stream, scratch);
       if (d == Dt::bf16) k.f32_to_bf16(o, static_cast<uint16_t*>(out.data_ptr()) + r * cols, cols);
     }
   });
@@ -560,9 +565,10 @@ void softmax_out_impl(Call& call, bool log) {
   if (log && d == Dt::bf16) throw Declined{};
   const Tensor out = writable_output(call, 0, shape_of(self), d, {self});
   const int64_t cols = self.ndim() > 0 ? self.size(-1) : 1;
-  for_rows(call, ins, out, d, cols, [log](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
-    k.softmax(v[0], o, n, log);
-  });
+  for_rows(call, ins, out, d, cols,
+           [log](const fast::Kernels& k, const float* const* v, float* o, int64_t n, bool stream, float* scratch) {
+             k.softmax(v[0], o, n, log, scratch, stream);
+           });
 }
 
 void softmax_out(Call& call) { softmax_out_impl(call, false); }
@@ -575,9 +581,10 @@ void softmax_backward_impl(Call& call, bool log) {
   const Dt d = pointwise_inputs(ins);
   const Tensor out = writable_output(call, 0, shape_of(grad), d, {grad, output});
   const int64_t cols = grad.ndim() > 0 ? grad.size(-1) : 1;
-  for_rows(call, ins, out, d, cols, [log](const fast::Kernels& k, const float* const* v, float* o, int64_t n) {
-    k.softmax_backward(v[0], v[1], o, n, log);
-  });
+  for_rows(call, ins, out, d, cols,
+           [log](const fast::Kernels& k, const float* const* v, float* o, int64_t n, bool stream, float*) {
+             k.softmax_backward(v[0], v[1], o, n, log, stream);
+           });
 }
 
 void softmax_backward_out(Call& call) { softmax_backward_impl(call, false); }

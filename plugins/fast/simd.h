@@ -45,9 +45,11 @@ struct Kernels {
   void (*accumulate)(float* acc, const float* in, int64_t n);
   void (*scale)(float* data, float factor, int64_t n);
   // One row of (log_)softmax and its backward (out: the forward's output).
-  void (*softmax)(const float* in, float* out, int64_t n, bool log);
+  // `stream`: the row's output bypasses the cache (as for layer norm
+  // below); softmax then keeps its exponentials in `scratch` (n floats).
+  void (*softmax)(const float* in, float* out, int64_t n, bool log, float* scratch, bool stream);
   void (*softmax_backward)(const float* grad, const float* out, float* grad_in, int64_t n,
-                           bool log);
+                           bool log, bool stream);
   // One row of layer norm: y = (x - mean) * rstd * w + b (w, b may be
   // null); stores the row's mean and rstd = 1 / sqrt(var + eps). `stream`:
   // y bypasses the cache (a large output only evicts the inputs).

@@ -86,12 +86,10 @@ inline void for_vectors(float* out, int64_t n, F f) {
   stream_fence(stream);
 }
 
-// exp(x), relative error ~2e-7 over float's range (Cephes' polynomial after
-// reducing x = n ln2 + r); below the smallest subnormal -> 0 (so exp(-inf)
-// is 0), overflow -> inf, NaN -> NaN.
-inline vf vexp(vf x0) {
-  const vf hi = splat(88.7228f), lo = splat(-103.97f);
-  vf x = vmin(vmax(x0, lo), hi);
+// exp(x) = 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2: Cephes'
+// polynomial after a two-step reduction, relative error ~2e-7. Returns p(r)
+// and n, for x within [-103.97, 88.72].
+inline vf exp_reduced(vf x, vi* n_out) {
   const vf shifter = splat(12582912.f);  // 1.5 * 2^23: rounds to nearest
   vf t = x * 1.44269504088896341f + shifter;
   const vf n = t - shifter;
@@ -103,18 +101,39 @@ inline vf vexp(vf x0) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
+  *n_out = __builtin_convertvector(n, vi);
+  return p * r * r + r + 1.f;
+}
+
+inline vf pow2(vi n) {
+  const vi bits = (n + 127) << 23;
+  vf f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// exp(x) over float's whole range: below the smallest subnormal -> 0 (so
+// exp(-inf) is 0), overflow -> inf, NaN -> NaN.
+inline vf vexp(vf x0) {
+  const vf hi = splat(88.7228f), lo = splat(-103.97f);
+  vi n;
+  const vf p = exp_reduced(vmin(vmax(x0, lo), hi), &n);
   // 2^n in two halves so n down to -150 stays representable (subnormals).
-  const vi ni = __builtin_convertvector(n, vi);
-  const vi n1 = ni >> 1, n2 = ni - n1;
-  vi b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  vf s1, s2;
-  std::memcpy(&s1, &b1, sizeof s1);
-  std::memcpy(&s2, &b2, sizeof s2);
-  vf result = p * s1 * s2;
+  const vi n1 = n >> 1;
+  vf result = p * pow2(n1) * pow2(n - n1);
   result = x0 > hi ? splat(__builtin_inff()) : result;
   result = x0 < lo ? splat(0.f) : result;
   return x0 != x0 ? x0 : result;
+}
+
+// exp(x) for x <= 0, not NaN (softmax's x - max), at two thirds of vexp's
+// cost: one scaling, and results below float's smallest normal flush to 0
+// (as the CPU's softmax, whose exp flushes below the same bound).
+inline vf vexp_nonpositive(vf x) {
+  const vf lo = splat(-87.33654f);  // ln(smallest normal)
+  vi n;
+  const vf p = exp_reduced(vmax(x, lo), &n);
+  return x < lo ? splat(0.f) : p * pow2(n);
 }
 inline float sexp(float x) { return vexp(splat(x))[0]; }
 
@@ -306,52 +325,6 @@ float row_max(const float* in, int64_t n) {
 
 float slog(float x) { return __builtin_logf(x); }
 
-void softmax(const float* in, float* out, int64_t n, bool log) {
-  // As on the CPU, a row whose max is infinite (all -inf, or +inf) comes
-  // out NaN: inf - inf.
-  const float shift = row_max(in, n);
-  vf vs{};
-  float s = 0.f;
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    const vf e = vexp(load(in + i) - shift);
-    if (!log) store(out + i, e);
-    vs += e;
-  }
-  for (; i < n; ++i) {
-    const float e = sexp(in[i] - shift);
-    if (!log) out[i] = e;
-    s += e;
-  }
-  s += hsum(vs);
-  if (log) {
-    const float lse = shift + slog(s);
-    for (i = 0; i + W <= n; i += W) store(out + i, load(in + i) - lse);
-    for (; i < n; ++i) out[i] = in[i] - lse;
-  } else {
-    scale(out, 1.f / s, n);
-  }
-}
-
-void softmax_backward(const float* grad, const float* out, float* grad_in, int64_t n, bool log) {
-  vf vs{};
-  float s = 0.f;
-  int64_t i = 0;
-  if (log) {  // grad - exp(out) * sum(grad)
-    for (; i + W <= n; i += W) vs += load(grad + i);
-    for (; i < n; ++i) s += grad[i];
-    s += hsum(vs);
-    for (i = 0; i + W <= n; i += W) store(grad_in + i, load(grad + i) - vexp(load(out + i)) * s);
-    for (; i < n; ++i) grad_in[i] = grad[i] - sexp(out[i]) * s;
-  } else {  // out * (grad - sum(grad * out))
-    for (; i + W <= n; i += W) vs += load(grad + i) * load(out + i);
-    for (; i < n; ++i) s += grad[i] * out[i];
-    s += hsum(vs);
-    for (i = 0; i + W <= n; i += W) store(grad_in + i, load(out + i) * (load(grad + i) - s));
-    for (; i < n; ++i) grad_in[i] = out[i] * (grad[i] - s);
-  }
-}
-
 // Runs f(i, vector, stream) over a row [0, n) whose output is `out`,
 // streaming the whole vectors when asked and out is 64-byte aligned.
 template <typename F>
@@ -361,6 +334,83 @@ inline void for_row(float* out, int64_t n, bool stream, F f) {
   for (; i + W <= n; i += W) f(i, true, stream);
   for (; i < n; ++i) f(i, false, false);
   stream_fence(stream);
+}
+
+void softmax(const float* in, float* out, int64_t n, bool log, float* scratch, bool stream) {
+  // As on the CPU, a row with a NaN or whose max is infinite (all -inf,
+  // or +inf) comes out NaN: inf - inf.
+  const float shift = row_max(in, n);
+  if (!__builtin_isfinite(shift)) {  // NaN in the row, or an infinite max
+    for (int64_t j = 0; j < n; ++j) out[j] = __builtin_nanf("");
+    return;
+  }
+  // softmax keeps exp(x - max) until the sum is known: in `out` itself,
+  // or, when out is streamed, in `scratch` (a row that stays in cache).
+  float* e_row = log ? nullptr : (stream ? scratch : out);
+  vf vs{};
+  float s = 0.f;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vf e = vexp_nonpositive(load(in + i) - shift);
+    if (!log) store(e_row + i, e);
+    vs += e;
+  }
+  for (; i < n; ++i) {
+    const float e = sexp(in[i] - shift);
+    if (!log) e_row[i] = e;
+    s += e;
+  }
+  s += hsum(vs);
+  if (log) {
+    // (x - max) - log(sum), as the CPU: x - (max + log(sum)) would round
+    // the sum of the two (an ulp of a large max) into every output.
+    const float log_s = slog(s);
+    for_row(out, n, stream, [&](int64_t j, bool vec, bool streamed) {
+      if (vec) {
+        store_out(out + j, (load(in + j) - shift) - log_s, streamed);
+      } else {
+        out[j] = (in[j] - shift) - log_s;
+      }
+    });
+  } else {
+    const float inv = 1.f / s;
+    for_row(out, n, stream, [&](int64_t j, bool vec, bool streamed) {
+      if (vec) {
+        store_out(out + j, load(e_row + j) * inv, streamed);
+      } else {
+        out[j] = e_row[j] * inv;
+      }
+    });
+  }
+}
+
+void softmax_backward(const float* grad, const float* out, float* grad_in, int64_t n, bool log, bool stream) {
+  vf vs{};
+  float s = 0.f;
+  int64_t i = 0;
+  if (log) {  // grad - exp(out) * sum(grad)
+    for (; i + W <= n; i += W) vs += load(grad + i);
+    for (; i < n; ++i) s += grad[i];
+    s += hsum(vs);
+    for_row(grad_in, n, stream, [&](int64_t j, bool vec, bool streamed) {
+      if (vec) {
+        store_out(grad_in + j, load(grad + j) - vexp(load(out + j)) * s, streamed);
+      } else {
+        grad_in[j] = grad[j] - sexp(out[j]) * s;
+      }
+    });
+  } else {  // out * (grad - sum(grad * out))
+    for (; i + W <= n; i += W) vs += load(grad + i) * load(out + i);
+    for (; i < n; ++i) s += grad[i] * out[i];
+    s += hsum(vs);
+    for_row(grad_in, n, stream, [&](int64_t j, bool vec, bool streamed) {
+      if (vec) {
+        store_out(grad_in + j, load(out + j) * (load(grad + j) - s), streamed);
+      } else {
+        grad_in[j] = out[j] * (grad[j] - s);
+      }
+    });
+  }
 }
 
 void layer_norm(const float* x, const float* w, const float* b, float eps, float* y, int64_t n, float* mean_out,

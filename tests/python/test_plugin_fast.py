@@ -140,6 +140,31 @@ def test_bfloat16_with_a_python_number_rounds_it_as_the_cpu_does(fast, op):
     assert op_stats(f"aten::{op}.out")[0] == calls + 2
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("cols", [19, 1000], ids=["short rows", "streamed rows"])
+def test_softmax_of_extreme_rows_matches_the_cpu(fast, name, cols):
+    # Rows with a NaN, +inf, all -inf, some -inf, a spread past exp's range
+    # (underflow to 0) and large magnitudes (log_softmax's cancellation),
+    # over a vector body and a tail; 1100 x 1000 crosses the 4 MiB at which
+    # outputs are streamed past the cache.
+    g = torch.Generator().manual_seed(5)
+    rows = 1100 if cols == 1000 else 8
+    x = torch.randn(rows, cols, generator=g) * 40
+    x[0, 3] = float("nan")
+    x[1, 5] = float("inf")
+    x[2] = float("-inf")
+    x[3, ::2] = float("-inf")
+    x[4, 0] = 1e30
+    x[5] += 1e4
+    op, kernel = getattr(torch, name), f"aten::_{name}.out"
+    calls = op_stats(kernel)[0]
+    got = op(x.to(DEVICE), -1).cpu()
+    assert op_stats(kernel)[0] == calls + 1
+    expected = op(x, -1)
+    assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf())
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-6, equal_nan=True)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", ["mm", "mm transposed", "addmm", "bmm"])
 def test_gemm_over_many_blocks_is_within_float32s_error_bound(fast, threads, case):
