@@ -78,6 +78,25 @@ def loadavg() -> Optional[List[float]]:
         return None
 
 
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep what is freed (no mmap'd chunks, no trim):
+    a fresh output of a few MiB then reuses pages already mapped instead of
+    paying the kernel's page faults and zeroing. Which variant's output
+    lands at the top of the heap (and is trimmed on every free) is luck of
+    the allocation order: measured, it made one side's softmax 2-3x slower
+    than in a run of that case alone, on the CPU's side or the plugin's.
+    Kernels are compared, not the OS. False where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        m_trim_threshold, m_mmap_max = -1, -4
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+    except (OSError, AttributeError):
+        return False
+
+
 def summarize(samples: List[float]) -> dict:
     s = sorted(samples)
     # "inclusive": within the samples; the default extrapolates past them, which

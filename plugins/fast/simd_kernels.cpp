@@ -126,16 +126,18 @@ inline vf vexp(vf x0) {
   return x0 != x0 ? x0 : result;
 }
 
-// exp(x) for x <= 0, not NaN (softmax's x - max), at two thirds of vexp's
-// cost: one scaling, and results below float's smallest normal flush to 0
-// (as the CPU's softmax, whose exp flushes below the same bound).
+inline float sexp(float x) { return vexp(splat(x))[0]; }
+
+// exp(x) for x <= 0 (softmax's x - max, erf's -x^2) at two thirds of
+// vexp's cost: one scaling, and results below float's smallest normal
+// flush to 0 (as the CPU's softmax, whose exp flushes below the same
+// bound). NaN comes out finite: callers see to NaN themselves.
 inline vf vexp_nonpositive(vf x) {
   const vf lo = splat(-87.33654f);  // ln(smallest normal)
   vi n;
   const vf p = exp_reduced(vmax(x, lo), &n);
   return x < lo ? splat(0.f) : p * pow2(n);
 }
-inline float sexp(float x) { return vexp(splat(x))[0]; }
 
 // 1 / d to float precision: a division is ~10x the cost of a multiply, so
 // AVX-512 takes its 14-bit reciprocal estimate and one Newton step.
@@ -157,7 +159,7 @@ inline vf verf(vf x) {
   p = p * t + 1.421413741f;
   p = p * t - 0.284496736f;
   p = p * t + 0.254829592f;
-  const vf y = 1.f - p * t * vexp(-ax * ax);
+  const vf y = 1.f - p * t * vexp_nonpositive(-ax * ax);  // x NaN: t is NaN
   return x < 0.f ? -y : y;
 }
 
@@ -192,7 +194,7 @@ inline vf gelu_grad_v(vf g, vf x, bool tanh_approx) {
     return g * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * dinner);
   }
   const vf cdf = 0.5f * (1.f + verf(x * kSqrt1_2));
-  const vf pdf = (k2OverSqrtPi * kSqrt1_2 * 0.5f) * vexp(-0.5f * x * x);
+  const vf pdf = (k2OverSqrtPi * kSqrt1_2 * 0.5f) * vexp_nonpositive(-0.5f * x * x);  // x NaN: cdf is NaN
   return g * (cdf + x * pdf);
 }
 
