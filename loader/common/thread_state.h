@@ -13,10 +13,15 @@ namespace maxdev {
 namespace dispatch {
 struct ReaderRecord;
 }
+namespace device {
+class AliasPool;
+}
 
 struct ThreadState {
   dispatch::ReaderRecord* reader_record = nullptr;  // dispatch/epoch.h; null until the first call
   int8_t current_device = 0;                        // device/allocator.h (a c10::DeviceIndex)
+  device::AliasPool* alias_pool = nullptr;          // device/host_alias.cpp; null until the first alias
+  bool alias_pool_closed = false;                   // the thread is exiting: no pool any more
 };
 
 extern thread_local constinit ThreadState thread_state __attribute__((tls_model("initial-exec")));

@@ -4,6 +4,7 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
+#include "common/thread_state.h"
 #include "device/allocator.h"
 
 namespace maxdev::device {
@@ -15,26 +16,130 @@ void release_storage_ref(void* ctx) {
   c10::intrusive_ptr<c10::StorageImpl>::reclaim(static_cast<c10::StorageImpl*>(ctx));
 }
 
-c10::Storage alias_storage(c10::StorageImpl* device_storage) {
+// Points a CPU alias storage at the bytes of `device_storage`.
+void point_at(c10::StorageImpl* alias, c10::StorageImpl* device_storage) {
   void* data = device_storage->mutable_data();
   c10::raw::intrusive_ptr::incref(device_storage);
-  c10::DataPtr ptr(data, device_storage, &release_storage_ref, c10::Device(c10::kCPU));
+  alias->set_data_ptr_noswap(c10::DataPtr(data, device_storage, &release_storage_ref, c10::Device(c10::kCPU)));
+  alias->set_nbytes(device_storage->nbytes());
   // Resizable with the host-side allocator: an out= kernel may grow it (and
   // views of the grown alias still read as CPU), and commit() moves the
   // grown buffer to the device storage. Not if the device storage cannot
   // grow (shared memory): then the kernel raises PyTorch's error.
-  return c10::Storage(c10::Storage::use_byte_size_t(), device_storage->nbytes(), std::move(ptr),
-                      &host_side_allocator(), device_storage->resizable());
+  alias->set_resizable(device_storage->resizable());
+}
+
+c10::Storage alias_storage(c10::StorageImpl* device_storage) {
+  c10::Storage alias(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(), &host_side_allocator(), false);
+  point_at(alias.unsafeGetStorageImpl(), device_storage);
+  return alias;
+}
+
+void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
+  // A pooled alias often had this shape last time (the same tensor again):
+  // then only the offset is set, without recomputing the contiguity flags.
+  if (impl->sizes() == like.sizes() && impl->strides() == like.strides()) {
+    impl->set_storage_offset(like.storage_offset());
+  } else {
+    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  }
+  if (impl->is_conj() != like.is_conj()) impl->_set_conj(like.is_conj());
+  if (impl->is_neg() != like.is_neg()) impl->_set_neg(like.is_neg());
 }
 
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key),
                                                      like.dtype());
-  auto* impl = t.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  if (like.is_conj()) impl->_set_conj(true);
-  if (like.is_neg()) impl->_set_neg(true);
+  take_geometry(t.unsafeGetTensorImpl(), like);
   return t;
+}
+
+}  // namespace
+
+// The aliases of finished calls that nothing else holds, kept per thread
+// for the next calls' arguments: making and freeing an alias (a TensorImpl,
+// its version counter and a StorageImpl, three heap blocks) was most of
+// the fallback's cost per device argument. A parked alias points at no
+// bytes and holds no device storage; one that anything else still
+// references (a kernel kept it, Python wrapped it, autograd met it) or
+// whose kind a kernel changed is freed as before, never parked.
+class AliasPool {
+ public:
+  // Enough for a fused optimizer's lists (5 lists x the parameters).
+  static constexpr size_t kCapacity = 512;
+
+  // An alias of `device_tensor` (whose storage no other alias of the call
+  // shares), or an undefined tensor when none is parked.
+  at::Tensor take(const at::Tensor& device_tensor) {
+    auto& parked = parked_[c10::InferenceMode::is_enabled()];
+    if (parked.empty()) return {};
+    at::Tensor alias = std::move(parked.back());
+    parked.pop_back();
+    auto* impl = alias.unsafeGetTensorImpl();
+    point_at(impl->storage().unsafeGetStorageImpl(), device_tensor.storage().unsafeGetStorageImpl());
+    if (impl->dtype() != device_tensor.dtype()) impl->set_storage_and_dtype(impl->storage(), device_tensor.dtype());
+    take_geometry(impl, device_tensor);
+    return alias;
+  }
+
+  void park(at::Tensor&& alias) {
+    auto* impl = alias.unsafeGetTensorImpl();
+    const bool inference = impl->is_inference();
+    auto& parked = parked_[inference];
+    if (parked.size() >= kCapacity || alias.use_count() != 1 || alias.weak_use_count() != 1 ||
+        typeid(*impl) != typeid(c10::TensorImpl) || impl->key_set() != fresh_key_set(inference) ||
+        impl->pyobj_slot()->load_pyobj() != nullptr || impl->autograd_meta() != nullptr ||
+        impl->get_backend_meta() != nullptr || impl->is_wrapped_number() || !impl->has_storage()) {
+      return;
+    }
+    const c10::Storage& storage = impl->storage();
+    auto* storage_impl = storage.unsafeGetStorageImpl();
+    if (storage.use_count() != 1 || c10::raw::weak_intrusive_ptr::use_count(storage_impl) != 1 ||
+        storage_impl->pyobj_slot()->load_pyobj() != nullptr || storage_impl->allocator() != &host_side_allocator()) {
+      return;
+    }
+    storage_impl->set_data_ptr_noswap(c10::DataPtr());  // lets go of the device storage
+    storage_impl->set_nbytes(0);
+    parked.push_back(std::move(alias));
+  }
+
+ private:
+  // What a TensorImpl made with the CPU key has, as TensorImpl's
+  // constructor decides (autograd and autocast keys outside inference mode).
+  static c10::DispatchKeySet fresh_key_set(bool inference) {
+    static const auto made_with = [](bool inference_mode) {
+      c10::InferenceMode mode(inference_mode);
+      return c10::make_intrusive<c10::TensorImpl>(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                  caffe2::TypeMeta::Make<float>(), c10::Device(c10::kCPU))
+          ->key_set();
+    };
+    static const c10::DispatchKeySet sets[2] = {made_with(false), made_with(true)};
+    return sets[inference];
+  }
+
+  std::vector<at::Tensor> parked_[2];  // made outside / inside inference mode
+};
+
+namespace {
+
+// Each thread's pool, reached through the initial-exec thread state; the
+// owner frees it when the thread exits. A fallback call later in the
+// thread's exit (another thread-local's destructor) runs without a pool.
+struct AliasPoolOwner {
+  ~AliasPoolOwner() {
+    delete thread_state.alias_pool;
+    thread_state.alias_pool = nullptr;
+    thread_state.alias_pool_closed = true;
+  }
+};
+thread_local AliasPoolOwner alias_pool_owner;
+
+AliasPool* alias_pool() {
+  if (thread_state.alias_pool == nullptr && !thread_state.alias_pool_closed) {
+    (void)alias_pool_owner;  // instantiate the thread's owner
+    thread_state.alias_pool = new AliasPool;
+  }
+  return thread_state.alias_pool;
 }
 
 // What a device storage over a buffer another allocator made owns: the CPU
@@ -134,17 +239,28 @@ at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
     if (pair.device.unsafeGetTensorImpl() == device_tensor.unsafeGetTensorImpl()) return pair.alias;
   }
   auto* device_storage = device_tensor.storage().unsafeGetStorageImpl();
-  c10::Storage alias;
+  at::Tensor cpu;
   for (const auto& pair : storages_) {
-    if (pair.device == device_storage) alias = pair.alias;
+    if (pair.device == device_storage) {
+      cpu = tensor_on(pair.alias, c10::DispatchKey::CPU, device_tensor);
+      break;
+    }
   }
-  if (!alias) {
-    alias = alias_storage(device_storage);
-    storages_.push_back({device_storage, alias, alias.data()});
+  if (!cpu.defined()) {
+    if (AliasPool* pool = alias_pool()) cpu = pool->take(device_tensor);
+    if (!cpu.defined()) cpu = tensor_on(alias_storage(device_storage), c10::DispatchKey::CPU, device_tensor);
+    storages_.push_back({device_storage, cpu.storage(), cpu.storage().data()});
   }
-  auto cpu = tensor_on(std::move(alias), c10::DispatchKey::CPU, device_tensor);
   tensors_.push_back({cpu, device_tensor});
   return cpu;
+}
+
+HostAliasScope::~HostAliasScope() {
+  if (tensors_.empty()) return;
+  AliasPool* pool = alias_pool();
+  if (pool == nullptr) return;
+  storages_.clear();  // the scope's own references to the alias storages
+  for (auto& pair : tensors_) pool->park(std::move(pair.alias));
 }
 
 void HostAliasScope::commit() {

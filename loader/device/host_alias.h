@@ -23,6 +23,8 @@ namespace maxdev::device {
 class HostAliasScope {
  public:
   HostAliasScope() = default;
+  // Keeps the aliases nothing else holds for the thread's next calls.
+  ~HostAliasScope();
   HostAliasScope(const HostAliasScope&) = delete;
   HostAliasScope& operator=(const HostAliasScope&) = delete;
 

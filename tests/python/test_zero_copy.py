@@ -1,5 +1,9 @@
 """The CPU fallback runs the CPU kernel on the device tensor's own bytes and
-adopts the kernel's output buffer: no copy either way."""
+adopts the kernel's output buffer: no copy either way. The CPU aliases it
+makes for arguments are reused by the thread's next calls when nothing else
+holds them: reuse must never show."""
+
+import threading
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ _lib.define("record(Tensor x) -> Tensor")
 _lib.define("record_inplace(Tensor(a!) x) -> ()")
 _lib.define("keep(Tensor x) -> Tensor")
 _lib.define("halves(Tensor x) -> (Tensor, Tensor)")
+_lib.define("stash(Tensor x) -> Tensor")
 
 SEEN = {}
 
@@ -45,7 +50,13 @@ def _halves_cpu(x):
 _lib.impl("record", _record_cpu, "CPU")
 _lib.impl("record_inplace", _record_inplace_cpu, "CPU")
 _lib.impl("keep", _keep_cpu, "CPU")
+def _stash_cpu(x):
+    SEEN.setdefault("stashed", []).append(x)  # the kernel keeps its argument
+    return x.sum()
+
+
 _lib.impl("halves", _halves_cpu, "CPU")
+_lib.impl("stash", _stash_cpu, "CPU")
 
 
 @pytest.fixture(autouse=True)
@@ -138,3 +149,92 @@ def test_copying_fallback_baseline_still_correct():
     assert SEEN["input_ptr"] != d.data_ptr()
     with pytest.raises(ValueError):
         max_device._C._set_fallback_impl("nope")
+
+
+def fallback_calls(op):
+    return max_device.fallback_counts().get(op, 0)
+
+
+def test_an_argument_the_kernel_keeps_goes_on_reading_its_own_tensor():
+    d = torch.arange(8.0).to(DEVICE)
+    torch.ops.max_device_zc_test.stash(d)
+    kept = SEEN["stashed"][0]
+    calls = fallback_calls("aten::atan2")
+    for i in range(20):  # later calls on other tensors, on this thread
+        other = torch.full((8,), float(i)).to(DEVICE)
+        torch.atan2(other, other)
+    assert fallback_calls("aten::atan2") == calls + 20
+    assert kept.device.type == "cpu" and kept.data_ptr() == d.data_ptr()
+    d.add_(1)
+    assert kept.tolist() == [float(i + 1) for i in range(8)]
+
+
+def test_a_tensor_a_call_read_is_freed_with_its_last_reference():
+    before = torch.max_device.memory_allocated()
+    d = torch.ones(1 << 20).to(DEVICE)
+    result = torch.atan2(d, d)
+    del d, result
+    # the call's argument aliases stay for reuse, not the bytes they pointed at
+    assert torch.max_device.memory_allocated() == before
+
+
+def test_reused_aliases_take_each_arguments_dtype_geometry_and_bits():
+    g = torch.Generator().manual_seed(0)
+    bases = [torch.randn(3, 4, generator=g), torch.randn(4, 3, generator=g), torch.arange(40.0),
+             torch.randn(5, dtype=torch.complex64, generator=g), torch.randint(-9, 9, (6,), generator=g),
+             torch.randn(2, 3, 4, generator=g).double(), torch.tensor(3.5)]
+    views = [  # taken on each device, so the device tensors carry the bits too
+        lambda b: b[0],
+        lambda b: b[1].t(),  # the same shape as the first, other strides
+        lambda b: b[2].reshape(4, 10)[1:, 2::3],  # an offset
+        lambda b: b[3].conj(),  # the conjugate bit
+        lambda b: b[3].conj().imag,  # the negative bit
+        lambda b: b[4],
+        lambda b: b[5].permute(2, 0, 1),
+        lambda b: b[6],
+    ]
+    on_device = [t.to(DEVICE) for t in bases]
+    assert views[3](on_device).is_conj() and views[4](on_device).is_neg()
+    calls = fallback_calls("aten::mul.Tensor")
+    for _ in range(3):  # later rounds run on aliases parked by earlier ones
+        for view in views:
+            t, d = view(bases), view(on_device)
+            got = torch.mul(d, d.clone()).cpu()
+            assert torch.equal(got, t * t), (t.dtype, t.shape, t.stride())
+    assert fallback_calls("aten::mul.Tensor") >= calls + 3 * len(views)
+
+
+def test_inference_mode_calls_and_normal_calls_mix_on_one_thread():
+    x = torch.randn(6).to(DEVICE)
+    expected = torch.atan2(x.cpu(), x.cpu())
+    normal = torch.atan2(x, x)
+    with torch.inference_mode():
+        inferred = torch.atan2(x, x)
+    again = torch.atan2(x, x)
+    assert inferred.is_inference() and not normal.is_inference() and not again.is_inference()
+    again.add_(1)  # in place outside inference mode: only allowed on a normal tensor
+    for got in (normal, inferred, again - 1):
+        torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_threads_calling_the_fallback_and_exiting():
+    errors = []
+
+    def work(seed):
+        try:
+            g = torch.Generator().manual_seed(seed)
+            for _ in range(100):
+                a, b = torch.randn(33, generator=g), torch.randn(33, generator=g)
+                got = torch.atan2(a.to(DEVICE), b.to(DEVICE)).cpu()
+                if not torch.equal(got, torch.atan2(a, b)):
+                    errors.append(seed)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    for _ in range(2):  # new threads after the first ones exited with their pools
+        threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
