@@ -24,15 +24,26 @@ namespace fast {
 namespace FAST_CAT_(isa_, FAST_ISA) {
 namespace {
 
-constexpr int64_t W = 16;  // floats per vector (two ymm or four xmm where narrower)
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef float vf_u __attribute__((vector_size(64), aligned(4)));  // unaligned loads/stores
+// Floats per vector: one register of the instruction set. (A vector wider
+// than the registers is not split well: GCC turned 16-float comparisons
+// into scalar code for AVX2, 10x slower than the CPU's kernels.)
+#if defined(__AVX512F__)
+constexpr int64_t W = 16;
+#elif defined(__AVX2__)
+constexpr int64_t W = 8;
+#else
+constexpr int64_t W = 4;
+#endif
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+typedef float vf_u __attribute__((vector_size(W * 4), aligned(4)));  // unaligned loads/stores
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
-// A broadcast (vf{} + x would add 0.0 first: -0.0 + 0.0 is not -0.0).
-inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+// A broadcast: x - 0.0 is x for every x, -0.0 included (x + vf{} is not:
+// -0.0 + 0.0 is 0.0), so the subtraction folds away and one broadcast is
+// left, at any width.
+inline vf splat(float x) { return x - vf{}; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline float hsum(vf v) {
@@ -538,47 +549,56 @@ void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
   }
 }
 
-// C tile (+)= alpha * A_panel (k x MR, MR floats per k) * B_panel (k x NR).
+// C tile (+)= alpha * A_panel (k x MR, MR floats per k) * B_panel (k x NR),
+// in passes of kRowsPerPass rows whose accumulators (kRowsPerPass x NR / W
+// vectors) stay in registers: 12 x 2 for AVX-512 (32 registers), 3 x 4 for
+// AVX2 and 1 x 8 for SSE (16 registers each), B's vectors and a broadcast
+// besides.
+constexpr int kVectorsPerRow = static_cast<int>(kGemmNR / W);
+constexpr int kRowsPerPass = W == 16 ? 12 : W == 8 ? 3 : 1;
+static_assert(kGemmMR % kRowsPerPass == 0, "a tile is whole passes");
+
 void gemm_tile(int64_t k, const float* a, const float* b, float* c, int64_t ldc, int64_t mr,
                int64_t nr, float alpha, bool add) {
-  constexpr int MR = static_cast<int>(kGemmMR);
+  constexpr int MR = static_cast<int>(kGemmMR), NV = kVectorsPerRow, RP = kRowsPerPass;
   // C's rows are far apart (ldc): start fetching them while the loop runs.
   for (int64_t r = 0; r < mr; ++r) {
     __builtin_prefetch(c + r * ldc, 1);
-    __builtin_prefetch(c + r * ldc + W, 1);
+    __builtin_prefetch(c + r * ldc + kGemmNR - 1, 1);
   }
-  vf acc0[MR], acc1[MR];
+  for (int r0 = 0; r0 < mr; r0 += RP) {
+    vf acc[RP][NV];
 #pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = vf{};
-  for (int64_t p = 0; p < k; ++p) {
-    const vf b0 = load(b + p * kGemmNR), b1 = load(b + p * kGemmNR + W);
-    const float* ap = a + p * MR;
+    for (int r = 0; r < RP; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = vf{};
+    for (int64_t p = 0; p < k; ++p) {
+      vf bv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) bv[v] = load(b + p * kGemmNR + v * W);
+      const float* ap = a + p * MR + r0;
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; ++r) {
-      const vf ar = splat(ap[r]);
-      acc0[r] += ar * b0;
-      acc1[r] += ar * b1;
-    }
-  }
-  if (mr == MR && nr == kGemmNR) {
-#pragma GCC unroll 12
-    for (int r = 0; r < MR; ++r) {
-      float* cr = c + r * ldc;
-      if (add) {
-        store(cr, load(cr) + alpha * acc0[r]);
-        store(cr + W, load(cr + W) + alpha * acc1[r]);
-      } else {
-        store(cr, alpha * acc0[r]);
-        store(cr + W, alpha * acc1[r]);
+      for (int r = 0; r < RP; ++r) {
+        const vf ar = splat(ap[r]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
       }
     }
-    return;
-  }
-  for (int64_t r = 0; r < mr; ++r) {
-    float* cr = c + r * ldc;
-    for (int64_t j = 0; j < nr; ++j) {
-      const float v = alpha * (j < W ? acc0[r][j] : acc1[r][j - W]);
-      cr[j] = add ? cr[j] + v : v;
+    // Every index below is a constant once unrolled: the accumulators stay
+    // registers (an index computed at run time would put them in memory).
+    float edge[kGemmNR];
+#pragma GCC unroll 12
+    for (int r = 0; r < RP; ++r) {
+      if (r0 + r >= mr) break;
+      float* cr = c + (r0 + r) * ldc;
+      if (nr == kGemmNR) {
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) store(cr + v * W, add ? load(cr + v * W) + alpha * acc[r][v] : alpha * acc[r][v]);
+        continue;
+      }
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) store(edge + v * W, alpha * acc[r][v]);
+      for (int64_t j = 0; j < nr; ++j) cr[j] = add ? cr[j] + edge[j] : edge[j];
     }
   }
 }
