@@ -226,7 +226,8 @@ def main():
             summary.append({"metric": f"fast plugin bandwidth / copy bandwidth, {name}", "value": frac,
                             "target": ">= 0.8", "ok": frac >= 0.8})
     report = {"benchmark": "bench_fast", "quick": args.quick, "machine": machine,
-              "threads": args.threads, "malloc_keeps_freed_memory": kept, "loadavg_start": load_start, "loadavg_end": bl.loadavg(),
+              "threads": args.threads, "malloc_keeps_freed_memory": kept,
+              "loadavg_start": load_start, "loadavg_end": bl.loadavg(),
               "config": {"rounds": rounds, "calls_per_block": calls}, "results": results,
               "summary": summary}
     out = bl.write_json("fast.json", report, args.out)

@@ -531,19 +531,23 @@ bool last_dim(const Tensor& t, int64_t dim) {
   return (dim < 0 ? dim + n : dim) == n - 1;
 }
 
+// Whether a row kernel streams `out` (bfloat16 rows are written by the
+// conversion from a float32 row, never streamed).
+bool streamed(const Tensor& out, Dt d) { return d == Dt::f32 && out.numel() * 4 >= kStreamBytes; }
+
 // Runs f(kernels, float* rows_in[N], float* row_out, n, stream, scratch)
 // for each row of `cols` elements, converting bfloat16 rows; `scratch` is a
-// row of the thread's own. A large float32 output is streamed (bfloat16
-// rows are written by the conversion).
+// row of the thread's own while the output is streamed, else null.
 template <int N, typename F>
 void for_rows(const Call& call, const Tensor (&ins)[N], const Tensor& out, Dt d, int64_t cols, F f) {
   const int64_t rows = cols == 0 ? 0 : out.numel() / cols;
-  const bool stream = d == Dt::f32 && out.numel() * 4 >= kStreamBytes;
+  const bool stream = streamed(out, d);
   const fast::Kernels& k = K(call);
   call.parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
-    // bfloat16: N input rows and the output row in float32; then scratch
-    std::vector<float> buf(static_cast<size_t>((d == Dt::bf16 ? N + 2 : 1) * cols));
-    float* scratch = buf.data() + (d == Dt::bf16 ? (N + 1) * cols : 0);
+    // bfloat16: N input rows and the output row in float32; streaming: scratch
+    const int64_t converted = d == Dt::bf16 ? N + 1 : 0;
+    std::vector<float> buf(static_cast<size_t>((converted + (stream ? 1 : 0)) * cols));
+    float* scratch = stream ? buf.data() + converted * cols : nullptr;
     for (int64_t r = b; r < e; ++r) {
       const float* v[N];
       for (int i = 0; i < N; ++i) load_f32(k, ins[i].data_ptr(), d, r * cols, cols, buf.data() + i * cols, &v[i]);
@@ -646,7 +650,7 @@ void native_layer_norm(Call& call) {
   std::vector<float> wbuf, bbuf;
   const float* w = param_f32(k, weight, d, wbuf);
   const float* b = param_f32(k, bias, d, bbuf);
-  const bool stream = d == Dt::f32 && out.numel() * 4 >= kStreamBytes;
+  const bool stream = streamed(out, d);
   call.parallel_for(0, rows, std::max<int64_t>(1, kGrain / n), [&](int64_t r0, int64_t r1) {
     std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>(2 * n) : 0);
     for (int64_t r = r0; r < r1; ++r) {
@@ -695,7 +699,7 @@ void native_layer_norm_backward(Call& call) {
   // its own partials, added in chunk order, so results do not depend on the
   // thread count.
   const int64_t chunks = std::min<int64_t>(rows, 32), chunk_rows = (rows + chunks - 1) / chunks;
-  const bool stream = d == Dt::f32 && dx.numel() * 4 >= kStreamBytes;
+  const bool stream = streamed(dx, d);
   std::vector<float> partial(static_cast<size_t>(2 * chunks * n), 0.f);
   call.parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> buf(d == Dt::bf16 ? static_cast<size_t>(3 * n) : 0);
@@ -939,6 +943,10 @@ struct Blocking {
 // every A panel of the block passes it.
 void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, const Matrix& A,
           const Matrix& B, float* C, float alpha, bool add) {
+  if (Kd == 0) {  // an empty sum: C = 0, or C unchanged when accumulating
+    if (!add) std::fill(C, C + batch * M * N, 0.f);
+    return;
+  }
   const fast::Kernels& k = K(call);
   const Blocking mblock(M, kGemmMC, fast::kGemmMR), nblock(N, kGemmNC, fast::kGemmNR);
   // Panels sized to this product, not to the largest block, and left
@@ -946,7 +954,7 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
   // attention head's bmm) must not pay for zeroing or mapping 350 KiB.
   const int64_t round_nr = (std::min(N, nblock.size) + fast::kGemmNR - 1) / fast::kGemmNR * fast::kGemmNR;
   const int64_t round_mr = (std::min(M, mblock.size) + fast::kGemmMR - 1) / fast::kGemmMR * fast::kGemmMR;
-  const size_t kc_max = static_cast<size_t>(std::max<int64_t>(1, std::min(Kd, fast::kGemmKC)));
+  const size_t kc_max = static_cast<size_t>(std::min(Kd, fast::kGemmKC));
   call.parallel_for(0, batch * nblock.blocks * mblock.blocks, 1, [&](int64_t t0, int64_t t1) {
     std::unique_ptr<float[]> bpack(new float[kc_max * static_cast<size_t>(round_nr)]);
     std::unique_ptr<float[]> apack(new float[kc_max * static_cast<size_t>(round_mr)]);
@@ -955,15 +963,11 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
       const int64_t run_end = std::min(t1, (bn + 1) * mblock.blocks);
       const int64_t n0 = (bn % nblock.blocks) * nblock.size, nc = std::min(nblock.size, N - n0);
       float* Cb = C + b * M * N;
-      for (int64_t k0 = 0; k0 < std::max<int64_t>(Kd, 1); k0 += fast::kGemmKC) {
+      for (int64_t k0 = 0; k0 < Kd; k0 += fast::kGemmKC) {
         const int64_t kc = std::min(fast::kGemmKC, Kd - k0);
-        if (kc > 0) pack_b(B, b, k0, kc, n0, nc, bpack.get());
+        pack_b(B, b, k0, kc, n0, nc, bpack.get());
         for (int64_t t = run; t < run_end; ++t) {
           const int64_t m0 = (t % mblock.blocks) * mblock.size, mc = std::min(mblock.size, M - m0);
-          if (kc <= 0) {  // K == 0: C = 0, or C unchanged when accumulating
-            for (int64_t r = 0; r < mc && !add; ++r) std::fill(Cb + (m0 + r) * N + n0, Cb + (m0 + r) * N + n0 + nc, 0.f);
-            continue;
-          }
           pack_a(A, b, m0, mc, k0, kc, apack.get());
           for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
             for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
