@@ -16,7 +16,7 @@ serve ops with their own kernels::
 import torch
 
 from . import _C  # registers the device with PyTorch (allocator, guard, hooks, kernels)
-from . import _exit
+from . import _autograd_threads
 from ._after_import import call_after_import as _call_after_import
 from ._device import register_device as _register_device
 from ._sharing import install as _install_sharing
@@ -39,7 +39,7 @@ DEVICE_NAME = "max_device"
 ABI_VERSION = _C.ABI_VERSION
 
 _register_device(DEVICE_NAME)
-_exit.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
+_autograd_threads.register(DEVICE_NAME, lambda: getattr(torch, DEVICE_NAME).device_count())
 _install_sharing()
 _register_distributed()
 _install_registration_hooks()

@@ -30,20 +30,31 @@ def test_exit_with_an_override_installed_is_clean(form):
 
 
 # Before the workaround, a fresh interpreter that ran a backward pass on
-# max_device aborted at exit in about half the runs ("terminate called
-# without an active exception"). MAXDEV_EXIT_RUNS=200 runs the soak.
+# PyTorch's autograd device thread aborted at exit in about half the runs
+# ("terminate called without an active exception"). max_device runs the
+# backward on the calling thread; a user may turn the device thread back on
+# (PyTorch's per-thread switch), and a thread that did not import max_device
+# uses it. MAXDEV_EXIT_RUNS=200 runs the soak.
 EXIT_RUNS = int(os.environ.get("MAXDEV_EXIT_RUNS", "12"))
 BACKWARD_THEN_EXIT = """
-import torch, max_device
-x = torch.randn(64, 64, device="max_device", requires_grad=True)
-(x @ x).relu().sum().backward()
-assert x.grad.device.type == "max_device"
+import threading, torch, max_device
+def backward():
+    x = torch.randn(64, 64, device="max_device", requires_grad=True)
+    (x @ x).relu().sum().backward()
+    assert x.grad.device.type == "max_device"
 """
+BACKWARD_ON = {
+    "the calling thread": "backward()",
+    "the autograd device thread": "torch.autograd.set_multithreading_enabled(True)\nbackward()",
+    "the device thread, from another thread": "t = threading.Thread(target=backward)\nt.start()\nt.join()",
+}
 
 
-def test_exit_right_after_backward_never_aborts():
+@pytest.mark.parametrize("where", BACKWARD_ON)
+def test_exit_right_after_backward_never_aborts(where):
+    code = BACKWARD_THEN_EXIT + BACKWARD_ON[where]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        runs = list(pool.map(lambda _: run_python(BACKWARD_THEN_EXIT, timeout=120), range(EXIT_RUNS)))
+        runs = list(pool.map(lambda _: run_python(code, timeout=120), range(EXIT_RUNS)))
     failed = [(r.returncode, r.stderr[-300:]) for r in runs if r.returncode != 0]
     assert failed == [], f"{len(failed)} of {EXIT_RUNS} runs failed at exit: {failed[:3]}"
 
