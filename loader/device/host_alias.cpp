@@ -56,6 +56,79 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tenso
 
 }  // namespace
 
+// An open-addressing table from (address, role) of a scope's objects to
+// their positions. Each key is a live object the scope holds (or, for a
+// device storage, one its device tensors hold). One table serves a thread's
+// calls in turn (it waits in the thread's alias pool): clearing it starts a
+// new stamp instead of rewriting the slots.
+class HostAliasScope::Index {
+ public:
+  void clear() {
+    if (++stamp_ == 0) {  // the stamps wrapped: every slot could look current
+      std::fill(slots_.begin(), slots_.end(), Slot{});
+      stamp_ = 1;
+    }
+    used_ = 0;
+  }
+
+  int64_t find(const void* key, Role role) const {
+    if (slots_.empty()) return -1;
+    const uintptr_t tagged = tag(key, role);
+    for (size_t i = slot_of(tagged);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& slot = slots_[i];
+      if (slot.stamp != stamp_) return -1;
+      if (slot.tagged == tagged) return slot.position;
+    }
+  }
+
+  // Adding a key twice keeps the first: the index is built from the entries
+  // so far, the newest included, by the call that notes one of them.
+  void add(const void* key, Role role, size_t position) {
+    if (find(key, role) >= 0) return;
+    if (2 * (used_ + 1) > slots_.size()) grow();
+    insert({tag(key, role), stamp_, static_cast<uint32_t>(position)});
+    ++used_;
+  }
+
+ private:
+  struct Slot {
+    uintptr_t tagged = 0;  // the address with its role in the alignment bits
+    uint32_t stamp = 0;    // the slot is in use when this is the table's stamp
+    uint32_t position = 0;
+  };
+
+  // TensorImpls and StorageImpls are at least 8-byte aligned: the low bits
+  // hold the role.
+  static uintptr_t tag(const void* key, Role role) {
+    TORCH_INTERNAL_ASSERT_DEBUG_ONLY((reinterpret_cast<uintptr_t>(key) & 7) == 0);
+    return reinterpret_cast<uintptr_t>(key) | static_cast<uintptr_t>(role);
+  }
+
+  // Fibonacci hashing: the product's top bits depend on every bit of the key.
+  size_t slot_of(uintptr_t tagged) const { return static_cast<size_t>((tagged * 0x9E3779B97F4A7C15ull) >> shift_); }
+
+  void insert(const Slot& entry) {
+    size_t i = slot_of(entry.tagged);
+    while (slots_[i].stamp == stamp_) i = (i + 1) & (slots_.size() - 1);
+    slots_[i] = entry;
+  }
+
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    const size_t size = old.empty() ? 256 : 2 * old.size();
+    slots_.assign(size, Slot{});
+    shift_ = 64 - __builtin_ctzll(size);
+    for (const Slot& slot : old) {
+      if (slot.stamp == stamp_) insert(slot);
+    }
+  }
+
+  std::vector<Slot> slots_;
+  size_t used_ = 0;
+  uint32_t stamp_ = 1;
+  int shift_ = 64;
+};
+
 // The aliases of finished calls that nothing else holds, kept per thread
 // for the next calls' arguments: making and freeing an alias (a TensorImpl,
 // its version counter and a StorageImpl, three heap blocks) was most of
@@ -81,6 +154,9 @@ class AliasPool {
     take_geometry(impl, device_tensor);
     return alias;
   }
+
+  // The index a large call builds, kept for the thread's next one.
+  std::unique_ptr<HostAliasScope::Index> spare_index;
 
   void park(at::Tensor&& alias) {
     auto* impl = alias.unsafeGetTensorImpl();
@@ -231,27 +307,81 @@ void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage)
   impl->set_resizable(false);
 }
 
+namespace {
+
+// Below this many tensors a scan beats hashing (most calls have one to four).
+constexpr size_t kIndexFromTensors = 16;
+
+template <typename Entries, typename Key>
+int64_t scan(const Entries& entries, const void* key, Key key_of) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (key_of(entries[i]) == key) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+HostAliasScope::HostAliasScope() = default;
+
+int64_t HostAliasScope::position_of(const void* key, Role role) const {
+  if (index_) return index_->find(key, role);
+  switch (role) {
+    case Role::DeviceTensor:
+      return scan(tensors_, key, [](const TensorPair& p) -> const void* { return p.device.unsafeGetTensorImpl(); });
+    case Role::AliasTensor:
+      return scan(tensors_, key, [](const TensorPair& p) -> const void* { return p.alias.unsafeGetTensorImpl(); });
+    case Role::DeviceStorage:
+      return scan(storages_, key, [](const StoragePair& p) -> const void* { return p.device; });
+    case Role::AliasStorage:
+      return scan(storages_, key, [](const StoragePair& p) -> const void* { return p.alias.unsafeGetStorageImpl(); });
+    case Role::AdoptedCpuStorage:
+      return scan(adopted_, key, [](const auto& p) -> const void* { return p.first; });
+  }
+  return -1;
+}
+
+void HostAliasScope::note(const void* key, Role role, size_t position) {
+  if (index_) {
+    index_->add(key, role, position);
+    return;
+  }
+  if (tensors_.size() < kIndexFromTensors) return;
+  // The call grew large: index everything so far, this entry included.
+  AliasPool* pool = alias_pool();
+  index_ = pool != nullptr && pool->spare_index ? std::move(pool->spare_index) : std::make_unique<Index>();
+  index_->clear();
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    index_->add(tensors_[i].device.unsafeGetTensorImpl(), Role::DeviceTensor, i);
+    index_->add(tensors_[i].alias.unsafeGetTensorImpl(), Role::AliasTensor, i);
+  }
+  for (size_t i = 0; i < storages_.size(); ++i) {
+    index_->add(storages_[i].device, Role::DeviceStorage, i);
+    index_->add(storages_[i].alias.unsafeGetStorageImpl(), Role::AliasStorage, i);
+  }
+  for (size_t i = 0; i < adopted_.size(); ++i) index_->add(adopted_[i].first, Role::AdoptedCpuStorage, i);
+}
+
 at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
   // One alias per device tensor: a kernel that gets the same tensor twice
   // (logical_and_ is logical_and.out(self, other, out=self)) must see one
   // tensor, or it treats the output as a separate tensor it may resize.
-  for (const auto& pair : tensors_) {
-    if (pair.device.unsafeGetTensorImpl() == device_tensor.unsafeGetTensorImpl()) return pair.alias;
-  }
+  auto* device_impl = device_tensor.unsafeGetTensorImpl();
+  if (const int64_t known = position_of(device_impl, Role::DeviceTensor); known >= 0) return tensors_[known].alias;
   auto* device_storage = device_tensor.storage().unsafeGetStorageImpl();
   at::Tensor cpu;
-  for (const auto& pair : storages_) {
-    if (pair.device == device_storage) {
-      cpu = tensor_on(pair.alias, c10::DispatchKey::CPU, device_tensor);
-      break;
-    }
-  }
-  if (!cpu.defined()) {
+  if (const int64_t shared = position_of(device_storage, Role::DeviceStorage); shared >= 0) {
+    cpu = tensor_on(storages_[shared].alias, c10::DispatchKey::CPU, device_tensor);
+  } else {
     if (AliasPool* pool = alias_pool()) cpu = pool->take(device_tensor);
     if (!cpu.defined()) cpu = tensor_on(alias_storage(device_storage), c10::DispatchKey::CPU, device_tensor);
     storages_.push_back({device_storage, cpu.storage(), cpu.storage().data()});
+    note(device_storage, Role::DeviceStorage, storages_.size() - 1);
+    note(cpu.storage().unsafeGetStorageImpl(), Role::AliasStorage, storages_.size() - 1);
   }
   tensors_.push_back({cpu, device_tensor});
+  note(device_impl, Role::DeviceTensor, tensors_.size() - 1);
+  note(cpu.unsafeGetTensorImpl(), Role::AliasTensor, tensors_.size() - 1);
   return cpu;
 }
 
@@ -259,8 +389,11 @@ HostAliasScope::~HostAliasScope() {
   if (tensors_.empty()) return;
   AliasPool* pool = alias_pool();
   if (pool == nullptr) return;
+  if (index_ && !pool->spare_index) pool->spare_index = std::move(index_);
   storages_.clear();  // the scope's own references to the alias storages
-  for (auto& pair : tensors_) pool->park(std::move(pair.alias));
+  // Last parked is first taken: the next call with the same arguments gets
+  // each alias in the geometry it already has.
+  for (auto pair = tensors_.rbegin(); pair != tensors_.rend(); ++pair) pool->park(std::move(pair->alias));
 }
 
 void HostAliasScope::commit() {
@@ -279,12 +412,9 @@ void HostAliasScope::commit() {
   }
 }
 
-const HostAliasScope::StoragePair* HostAliasScope::find_alias(
-    const c10::StorageImpl* alias_storage) const {
-  for (const auto& pair : storages_) {
-    if (pair.alias.unsafeGetStorageImpl() == alias_storage) return &pair;
-  }
-  return nullptr;
+const HostAliasScope::StoragePair* HostAliasScope::find_alias(const c10::StorageImpl* alias_storage) const {
+  const int64_t position = position_of(alias_storage, Role::AliasStorage);
+  return position >= 0 ? &storages_[position] : nullptr;
 }
 
 c10::Storage HostAliasScope::device_storage_for(const c10::Storage& cpu_storage) {
@@ -292,18 +422,17 @@ c10::Storage HostAliasScope::device_storage_for(const c10::Storage& cpu_storage)
   if (const auto* pair = find_alias(impl)) {
     return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(pair->device));
   }
-  for (const auto& [cpu, device] : adopted_) {
-    if (cpu == impl) return device;
-  }
+  if (const int64_t adopted = position_of(impl, Role::AdoptedCpuStorage); adopted >= 0) return adopted_[adopted].second;
   auto device = adopt_cpu_storage(cpu_storage);
   adopted_.emplace_back(impl, device);
+  note(impl, Role::AdoptedCpuStorage, adopted_.size() - 1);
   return device;
 }
 
 at::Tensor HostAliasScope::to_device(const at::Tensor& result) {
   if (!result.defined() || result.device().type() != c10::kCPU) return result;
-  for (const auto& pair : tensors_) {
-    if (pair.alias.unsafeGetTensorImpl() == result.unsafeGetTensorImpl()) return pair.device;
+  if (const int64_t alias = position_of(result.unsafeGetTensorImpl(), Role::AliasTensor); alias >= 0) {
+    return tensors_[alias].device;
   }
   if (convert_in_place(result)) return result;
   return device_tensor_on(device_storage_for(result.storage()), result);

@@ -18,11 +18,15 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
 
+#include <cstdint>
+#include <memory>
+#include <vector>
+
 namespace maxdev::device {
 
 class HostAliasScope {
  public:
-  HostAliasScope() = default;
+  HostAliasScope();
   // Keeps the aliases nothing else holds for the thread's next calls.
   ~HostAliasScope();
   HostAliasScope(const HostAliasScope&) = delete;
@@ -44,6 +48,7 @@ class HostAliasScope {
   void sync_back(const at::Tensor& device_tensor, const at::Tensor& alias);
 
  private:
+  friend class AliasPool;  // keeps a large call's index for the next one
   struct StoragePair {
     c10::StorageImpl* device;  // owned by the device tensors of the call
     c10::Storage alias;        // CPU storage over the same bytes
@@ -53,12 +58,23 @@ class HostAliasScope {
     at::Tensor alias;
     at::Tensor device;
   };
+  // What the scope's objects are, by address: an index entry's kind.
+  enum class Role : uint32_t { DeviceTensor, AliasTensor, DeviceStorage, AliasStorage, AdoptedCpuStorage };
+  class Index;
+
   const StoragePair* find_alias(const c10::StorageImpl* alias_storage) const;
   c10::Storage device_storage_for(const c10::Storage& cpu_storage);
+  // The position in tensors_/storages_/adopted_ of the entry whose `role`
+  // object is `key`, or -1.
+  int64_t position_of(const void* key, Role role) const;
+  void note(const void* key, Role role, size_t position);
 
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<TensorPair, 4> tensors_;
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
+  // Built once a call has many tensors (a fused optimizer's lists): finding
+  // each argument's alias by a scan of the others was quadratic.
+  std::unique_ptr<Index> index_;
 };
 
 // A max_device tensor with the given storage and the geometry of `like`.

@@ -241,3 +241,64 @@ def test_threads_calling_the_fallback_and_exiting():
         for t in threads:
             t.join()
     assert errors == []
+
+
+# A call with this many tensors finds its aliases through an index (a scan of
+# the others was quadratic); every sharing case must still hold there.
+MANY = 40
+
+
+def _many_tensors(seed):
+    """MANY tensors for one call: separate ones, views over one storage, and
+    one tensor listed several times."""
+    g = torch.Generator().manual_seed(seed)
+    shared = torch.randn(MANY, 3, generator=g)
+    separate = [torch.randn(3, generator=g) for _ in range(MANY // 2)]
+    views = [shared[i] for i in range(MANY // 4)]
+    return separate + views + [separate[0]] * (MANY - len(separate) - len(views)), shared
+
+
+def test_a_call_with_many_tensors_reads_each_as_its_own_tensor():
+    cpu_list, cpu_shared = _many_tensors(1)
+    # The same structure on the device: views of one device storage, one
+    # device tensor repeated.
+    d_shared = cpu_shared.to(DEVICE)
+    d_separate = [t.to(DEVICE) for t in cpu_list[:MANY // 2]]
+    d_list = d_separate + [d_shared[i] for i in range(MANY // 4)] + [d_separate[0]] * (MANY - MANY // 2 - MANY // 4)
+    calls = fallback_calls("aten::cat")
+    for _ in range(2):  # the second call takes the aliases the first parked
+        got = torch.cat(d_list)
+        assert got.device.type == DEVICE and torch.equal(got.cpu(), torch.cat(cpu_list))
+    assert fallback_calls("aten::cat") == calls + 2
+
+
+def test_an_out_argument_after_many_inputs_is_resized_on_the_device():
+    cpu_list, _ = _many_tensors(3)
+    d_list = [t.to(DEVICE) for t in cpu_list]
+    out = torch.empty(0, device=DEVICE)
+    torch.cat(d_list, out=out)
+    assert out.device.type == DEVICE and torch.equal(out.cpu(), torch.cat(cpu_list))
+    assert torch.accelerator.memory_allocated() >= out.nbytes
+
+
+def test_a_fused_optimizer_step_over_many_parameters_writes_each_through():
+    g = torch.Generator().manual_seed(4)
+    # Parameters over one storage (a flat buffer's views), and one gradient
+    # listed for every parameter.
+    flat, grad = torch.randn(MANY, 3, generator=g), torch.randn(3, generator=g)
+    state = {"exp_avgs": [torch.zeros(3) for _ in range(MANY)],
+             "exp_avg_sqs": [torch.zeros(3) for _ in range(MANY)],
+             "max_exp_avg_sqs": [], "state_steps": [torch.tensor(0.0) for _ in range(MANY)]}
+    d_flat, d_grad = flat.to(DEVICE), grad.to(DEVICE)
+    d_state = {k: [t.to(DEVICE) for t in v] for k, v in state.items()}
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8, amsgrad=False, maximize=False)
+    calls = fallback_calls("aten::_fused_adamw_")
+    for _ in range(3):
+        for steps in (state["state_steps"], d_state["state_steps"]):
+            torch._foreach_add_(steps, 1)
+        torch._fused_adamw_(list(flat), [grad] * MANY, *state.values(), **hyper)
+        torch._fused_adamw_(list(d_flat), [d_grad] * MANY, *d_state.values(), **hyper)
+    assert fallback_calls("aten::_fused_adamw_") == calls + 3
+    assert torch.equal(d_flat.cpu(), flat) and torch.equal(d_grad.cpu(), grad)
+    for got, expected in zip(d_state["exp_avg_sqs"], state["exp_avg_sqs"]):
+        assert torch.equal(got.cpu(), expected)
