@@ -12,10 +12,10 @@ one process, interleaved in rotating order. Target: compiled on max_device
 within 1.1x of compiled on the CPU.
 
 Each step is timed twice: wall clock, and the CPU time of the whole process
-(all threads: max_device's backward runs on PyTorch's autograd device thread,
-the CPU's on the calling thread). On a shared machine the wall clock also
-counts the time the threads wait to be scheduled, which the hand-off to the
-autograd device thread makes worse; CPU time does not.
+(all threads: a backward started on a thread other than the one that
+imported max_device runs on PyTorch's autograd device thread). On a shared
+machine the wall clock also counts the time threads wait to be scheduled;
+CPU time does not.
 
     PYTHONPATH=python .venv/bin/python bench/bench_compile.py [--quick]
 
