@@ -102,9 +102,12 @@ int main(int argc, char** argv) {
       if (o.mode == "plugin") {
         maxdev::plugins::PluginRegistry::instance().load(o.path, std::nullopt);
       } else if (o.mode == "native") {
-        if (dlopen(o.path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)
-          throw std::runtime_error(std::string("dlopen: ") + dlerror());
-        maxdev::dispatch::refresh_direct_fallbacks();  // at::add reaches the native add.out
+        // As torch.ops.load_library with max_device imported: at::add
+        // reaches the native add.out
+        maxdev::dispatch::suspend_direct_fallbacks();
+        const bool loaded = dlopen(o.path.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr;
+        maxdev::dispatch::resume_direct_fallbacks();
+        if (!loaded) throw std::runtime_error(std::string("dlopen: ") + dlerror());
       }
       at::Tensor a = at::randn({o.numel}), b = at::randn({o.numel});
       const at::Tensor want = at::add(a, b);

@@ -362,12 +362,15 @@ void HostAliasScope::note(const void* key, Role role, size_t position) {
   for (size_t i = 0; i < adopted_.size(); ++i) index_->add(adopted_[i].first, Role::AdoptedCpuStorage, i);
 }
 
-at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
+at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor, bool written) {
   // One alias per device tensor: a kernel that gets the same tensor twice
   // (logical_and_ is logical_and.out(self, other, out=self)) must see one
   // tensor, or it treats the output as a separate tensor it may resize.
   auto* device_impl = device_tensor.unsafeGetTensorImpl();
-  if (const int64_t known = position_of(device_impl, Role::DeviceTensor); known >= 0) return tensors_[known].alias;
+  if (const int64_t known = position_of(device_impl, Role::DeviceTensor); known >= 0) {
+    tensors_[known].written |= written;
+    return tensors_[known].alias;
+  }
   auto* device_storage = device_tensor.storage().unsafeGetStorageImpl();
   at::Tensor cpu;
   if (const int64_t shared = position_of(device_storage, Role::DeviceStorage); shared >= 0) {
@@ -379,7 +382,7 @@ at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor) {
     note(device_storage, Role::DeviceStorage, storages_.size() - 1);
     note(cpu.storage().unsafeGetStorageImpl(), Role::AliasStorage, storages_.size() - 1);
   }
-  tensors_.push_back({cpu, device_tensor});
+  tensors_.push_back({cpu, device_tensor, written});
   note(device_impl, Role::DeviceTensor, tensors_.size() - 1);
   note(cpu.unsafeGetTensorImpl(), Role::AliasTensor, tensors_.size() - 1);
   return cpu;
@@ -436,6 +439,12 @@ at::Tensor HostAliasScope::to_device(const at::Tensor& result) {
   }
   if (convert_in_place(result)) return result;
   return device_tensor_on(device_storage_for(result.storage()), result);
+}
+
+void HostAliasScope::sync_back_written() {
+  for (const auto& pair : tensors_) {
+    if (pair.written) sync_back(pair.device, pair.alias);
+  }
 }
 
 void HostAliasScope::sync_back(const at::Tensor& device_tensor, const at::Tensor& alias) {

@@ -32,8 +32,9 @@ class HostAliasScope {
   HostAliasScope(const HostAliasScope&) = delete;
   HostAliasScope& operator=(const HostAliasScope&) = delete;
 
-  // A CPU tensor over the bytes of `device_tensor` (a max_device tensor).
-  at::Tensor to_cpu(const at::Tensor& device_tensor);
+  // A CPU tensor over the bytes of `device_tensor` (a max_device tensor),
+  // which the kernel writes if `written` (in-place self, out=).
+  at::Tensor to_cpu(const at::Tensor& device_tensor, bool written = false);
 
   // Call once the kernel returned, before to_device()/sync_back().
   void commit();
@@ -42,10 +43,10 @@ class HostAliasScope {
   // are returned unchanged).
   at::Tensor to_device(const at::Tensor& result);
 
-  // After a kernel mutated the alias of `device_tensor` (resize_, set_,
-  // _set_conj), give the device tensor the alias's storage, geometry and
-  // conjugate/negative bits.
-  void sync_back(const at::Tensor& device_tensor, const at::Tensor& alias);
+  // After commit(): a kernel may have changed the aliases it writes
+  // (resize_, set_, _set_conj); each written device tensor takes its
+  // alias's storage, geometry and conjugate/negative bits.
+  void sync_back_written();
 
  private:
   friend class AliasPool;  // keeps a large call's index for the next one
@@ -57,6 +58,7 @@ class HostAliasScope {
   struct TensorPair {
     at::Tensor alias;
     at::Tensor device;
+    bool written;
   };
   // What the scope's objects are, by address: an index entry's kind.
   enum class Role : uint32_t { DeviceTensor, AliasTensor, DeviceStorage, AliasStorage, AdoptedCpuStorage };
@@ -68,6 +70,7 @@ class HostAliasScope {
   // object is `key`, or -1.
   int64_t position_of(const void* key, Role role) const;
   void note(const void* key, Role role, size_t position);
+  void sync_back(const at::Tensor& device_tensor, const at::Tensor& alias);
 
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<TensorPair, 4> tensors_;

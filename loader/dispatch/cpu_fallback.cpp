@@ -19,6 +19,7 @@
 #include "device/generator.h"
 #include "device/host_alias.h"
 #include "dispatch/op_table.h"
+#include "dispatch/unboxed_signatures.h"
 
 namespace maxdev::dispatch {
 namespace {
@@ -150,13 +151,6 @@ bool is_write(const c10::Argument& arg) {
   return arg.alias_info() != nullptr && arg.alias_info()->isWrite();
 }
 
-// A device tensor argument and the CPU alias the kernel got for it.
-struct AliasedArg {
-  at::Tensor device;
-  at::Tensor cpu;
-  bool written;
-};
-
 // Applies the policy for `op` and counts the call; throws under `error`.
 OpEntry& note_fallback(const c10::OperatorHandle& op);
 
@@ -254,32 +248,75 @@ void fall_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKerne
   run_cpu_kernel(op, stack, cpu_kernel);
 }
 
-c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  std::optional<c10::Device> seen;
-  std::optional<c10::Device> device_argument;
-  auto see = [&](const at::Tensor& t) {
-    if (!is_device_tensor(t)) return;
-    TORCH_CHECK(!seen || *seen == t.device(),
-                "Expected all tensors to be on the same device, but found at least two devices, ", *seen, " and ",
-                t.device(), "! (in ", c10::toString(op.operator_name()), ")");
-    seen = t.device();
-  };
-  for (const c10::IValue& value : args) {
-    if (value.isTensor()) {
-      see(value.toTensor());
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) see(t);
-    } else if (value.isOptionalTensorList()) {
-      for (const c10::IValue& item : value.toListRef()) {
-        if (item.isTensor()) see(item.toTensor());
-      }
-    } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      device_argument = value.toDevice();
+namespace {
+
+// The CPU side of one fallback call: each max_device tensor argument
+// becomes a CPU alias over its bytes (all on one device, as on CUDA), and
+// what the CPU kernel returns or resized becomes max_device tensors again.
+class CpuCall {
+ public:
+  explicit CpuCall(const c10::OperatorHandle& op) : op_(op) {}
+
+  // What the CPU kernel gets for tensor argument `t` (schema argument `arg`).
+  at::Tensor pass(const at::Tensor& t, bool written, const c10::Argument& arg) {
+    if (!is_device_tensor(t)) {
+      if (t.defined() && t.device().is_cpu() && t.dim() > 0 && cpu_operand_ == nullptr) cpu_operand_ = &arg;
+      return t;
     }
+    if (!aliased_) {
+      device_ = t.device();
+      aliased_ = true;
+    } else {
+      TORCH_CHECK(device_ == t.device(),
+                  "Expected all tensors to be on the same device, but found at least two devices, ", device_, " and ",
+                  t.device(), "! (in ", c10::toString(op_.operator_name()), ")");
+    }
+    return scope_.to_cpu(t, written);
   }
-  if (seen) return seen->index();
-  return device_argument ? device_argument->index() : -1;
-}
+
+  // After every argument: a CPU tensor among device tensors is an error
+  // (0-dim scalars and indices excepted, as PyTorch allows on any device).
+  void check_operands() const {
+    TORCH_CHECK(cpu_operand_ == nullptr || !aliased_ || cpu_operand_->name() == "indices",
+                "Expected all tensors to be on the same device, but found at least two devices, ", device_,
+                " and cpu! (argument '",
+                cpu_operand_ ? cpu_operand_->name() : "", "' of ", c10::toString(op_.operator_name()), ")");
+  }
+
+  // The device outputs, grown buffers and the default generator belong to:
+  // the tensors', else `otherwise` (a factory's device= argument, or -1:
+  // the current device).
+  c10::DeviceIndex device_index(c10::DeviceIndex otherwise) const {
+    return aliased_ ? device_.index() : otherwise;
+  }
+
+  // Once the kernel returned: grown buffers and changed geometry reach the
+  // written device tensors.
+  void finish() {
+    scope_.commit();
+    scope_.sync_back_written();
+  }
+
+  // A returned tensor as a max_device tensor (after finish()).
+  at::Tensor result(const at::Tensor& t) {
+    // The README promises no quantized tensors on max_device: a CPU kernel
+    // that made one (quantize_per_tensor, ...) is refused here, not adopted
+    // as a device tensor on which every later op fails.
+    TORCH_CHECK_NOT_IMPLEMENTED(!t.is_quantized(), "max_device does not support quantized tensors: ",
+                                c10::toString(op_.operator_name()), " would return a ", t.scalar_type(),
+                                " tensor; quantize on the CPU instead");
+    return scope_.to_device(t);
+  }
+
+ private:
+  const c10::OperatorHandle& op_;
+  HostAliasScope scope_;
+  bool aliased_ = false;  // a device tensor was passed: device_ is the call's
+  c10::Device device_{device::kDeviceType};
+  const c10::Argument* cpu_operand_ = nullptr;  // a CPU tensor that is not a 0-dim scalar
+};
+
+}  // namespace
 
 void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKernel cpu_kernel) {
   const auto& schema = op.schema();
@@ -287,53 +324,39 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, Cpu
   const size_t num_args = arguments.size();
   const size_t first = stack->size() - num_args;
 
-  // Outputs, grown buffers and the default generator are the op's device's.
-  device::CurrentDeviceScope on_device(op_device_index(op, torch::jit::last(*stack, num_args)));
-  HostAliasScope scope;
-  c10::SmallVector<AliasedArg, 4> aliased;
-  const c10::Argument* cpu_operand = nullptr;  // a CPU tensor that is not a 0-dim scalar
-  auto alias = [&](const at::Tensor& t, bool written, const c10::Argument& arg) {
-    if (!is_device_tensor(t)) {
-      if (t.defined() && t.device().is_cpu() && t.dim() > 0 && cpu_operand == nullptr) cpu_operand = &arg;
-      return t;
-    }
-    at::Tensor cpu = scope.to_cpu(t);
-    aliased.push_back({t, cpu, written});
-    return cpu;
-  };
-
+  CpuCall call(op);
+  c10::DeviceIndex device_argument = -1;
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& value = (*stack)[first + i];
     const bool written = is_write(arguments[i]);
     if (value.isTensor()) {
-      value = alias(value.toTensor(), written, arguments[i]);
+      value = call.pass(value.toTensor(), written, arguments[i]);
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> cpu_list;
-      for (const at::Tensor& t : value.toTensorList()) cpu_list.push_back(alias(t, written, arguments[i]));
+      for (const at::Tensor& t : value.toTensorList()) cpu_list.push_back(call.pass(t, written, arguments[i]));
       value = std::move(cpu_list);
     } else if (value.isOptionalTensorList()) {
-      // Indices (Tensor?[]) may live on the CPU, as PyTorch allows on any device.
       static const c10::Argument kIndices("indices");
       c10::List<std::optional<at::Tensor>> cpu_list;
       for (const c10::IValue& item : value.toListRef()) {
-        cpu_list.push_back(item.isTensor() ? std::optional<at::Tensor>(alias(item.toTensor(), written, kIndices))
+        cpu_list.push_back(item.isTensor() ? std::optional<at::Tensor>(call.pass(item.toTensor(), written, kIndices))
                                            : std::nullopt);
       }
       value = std::move(cpu_list);
-    } else if (is_optional_generator(arguments[i])) {
-      value = device::cpu_engine(value.isNone() ? std::nullopt : value.toOptional<at::Generator>());
     } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
       // Factories that reach the fallback allocate on the CPU; the result
       // is adopted below.
+      device_argument = value.toDevice().index();
       value = c10::Device(c10::kCPU);
     }
   }
-
-  TORCH_CHECK(cpu_operand == nullptr || aliased.empty() || cpu_operand->name() == "indices",
-              "Expected all tensors to be on the same device, but found at least two devices, ",
-              aliased.empty() ? c10::Device(c10::kCPU) : aliased.front().device.device(),
-              " and cpu! (argument '", cpu_operand ? cpu_operand->name() : "", "' of ", c10::toString(op.operator_name()),
-              ")");
+  call.check_operands();
+  device::CurrentDeviceScope on_device(call.device_index(device_argument));
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!is_optional_generator(arguments[i])) continue;
+    c10::IValue& value = (*stack)[first + i];
+    value = device::cpu_engine(value.isNone() ? std::nullopt : value.toOptional<at::Generator>());
+  }
 
   if (cpu_kernel != nullptr) {
     cpu_kernel(stack);
@@ -341,29 +364,114 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, Cpu
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
 
-  scope.commit();
-  for (const auto& arg : aliased) {
-    if (arg.written) scope.sync_back(arg.device, arg.cpu);
-  }
+  call.finish();
   const size_t num_returns = schema.returns().size();
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
     c10::IValue& value = (*stack)[i];
-    // The README promises no quantized tensors on max_device: a CPU kernel
-    // that made one (quantize_per_tensor, ...) is refused here, not adopted
-    // as a device tensor on which every later op fails.
-    TORCH_CHECK_NOT_IMPLEMENTED(!value.isTensor() || !value.toTensor().is_quantized(),
-                                "max_device does not support quantized tensors: ",
-                                c10::toString(op.operator_name()), " would return a ",
-                                value.toTensor().scalar_type(), " tensor; quantize on the CPU instead");
     if (value.isTensor()) {
-      value = scope.to_device(value.toTensor());
+      value = call.result(value.toTensor());
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> device_list;
-      for (const at::Tensor& t : value.toTensorList()) device_list.push_back(scope.to_device(t));
+      for (const at::Tensor& t : value.toTensorList()) device_list.push_back(call.result(t));
       value = std::move(device_list);
     }
   }
 }
+
+namespace {
+
+// The fallback of an op whose C++ signature is one of UnboxedSignatures,
+// called unboxed: the arguments stay C++ values, the CPU kernel is called
+// unboxed, no stack is allocated. What it computes, counts, checks and
+// throws is the boxed fallback's (run_cpu_kernel), which it shares.
+template <class Fn>
+class UnboxedFallback;
+
+template <class Ret, class... Args>
+class UnboxedFallback<Ret(Args...)> final : public c10::OperatorKernel {
+ public:
+  using Sig = Signature<Ret(Args...)>;
+
+  explicit UnboxedFallback(const c10::OperatorHandle& op) : op_(op), cpu_(op.typed<Ret(Args...)>()) {}
+
+  Ret operator()(Args... args) {
+    if (registry().impl.load(std::memory_order_relaxed) == FallbackImpl::copying) return boxed(args...);
+    return run(std::index_sequence_for<Args...>{}, args...);
+  }
+
+  // A return that is new (Tensor: no alias at all, not a view) or the
+  // written argument (Tensor&).
+  static bool matches(const c10::OperatorHandle& op) {
+    if (!Sig::matches(op.schema())) return false;
+    const c10::AliasInfo* ret = op.schema().returns()[0].alias_info();
+    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      const c10::AliasInfo* written = op.schema().arguments()[Sig::kWrittenIndex].alias_info();
+      return ret != nullptr && ret->isWrite() && ret->beforeSets() == written->beforeSets();
+    } else {
+      return ret == nullptr;
+    }
+  }
+
+  static c10::RegistrationHandleRAII register_for(const c10::OperatorHandle& op) {
+    return Sig::register_kernel(op, std::make_unique<UnboxedFallback>(op), "max_device unboxed CPU fallback");
+  }
+
+ private:
+  template <size_t... I>
+  Ret run(std::index_sequence<I...>, Args... args) {
+    ServedBy range(note_fallback(op_).served_by);
+    CpuCall call(op_);
+    const auto& schema_args = op_.schema().arguments();
+    std::tuple<OnCpu<Args>...> cpu{pass<Args>(call, args, Sig::kWritten[I], schema_args[I])...};
+    call.check_operands();
+    device::CurrentDeviceScope on_device(call.device_index(-1));
+    const auto cpu_kernel = [&](auto&... a) -> Ret {
+      return cpu_.redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...);
+    };
+    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      std::apply(cpu_kernel, cpu);
+      call.finish();
+      return std::get<Sig::kWrittenIndex>(std::forward_as_tuple(args...));
+    } else {
+      at::Tensor result = std::apply(cpu_kernel, cpu);
+      call.finish();
+      return call.result(result);
+    }
+  }
+
+  // A tensor argument's CPU alias is a tensor of its own; other arguments
+  // pass as they came.
+  template <class A>
+  using OnCpu = std::conditional_t<std::is_same_v<std::decay_t<A>, at::Tensor>, at::Tensor, A>;
+
+  template <class A>
+  static OnCpu<A> pass(CpuCall& call, const std::remove_reference_t<A>& arg, bool written,
+                       const c10::Argument& schema_arg) {
+    if constexpr (std::is_same_v<std::decay_t<A>, at::Tensor>) {
+      return call.pass(arg, written, schema_arg);
+    } else {
+      return arg;
+    }
+  }
+
+  // PyTorch's copying fallback (the benchmark's baseline) takes a stack.
+  Ret boxed(Args... args) {
+    torch::jit::Stack stack;
+    stack.reserve(sizeof...(Args));
+    (stack.emplace_back(args), ...);
+    fallback_kernel(op_, &stack);
+    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      return std::get<Sig::kWrittenIndex>(std::forward_as_tuple(args...));
+    } else {
+      return std::move(stack[0]).toTensor();
+    }
+  }
+
+  c10::OperatorHandle op_;
+  c10::TypedOperatorHandle<Ret(Args...)> cpu_;
+};
+
+}  // namespace
 
 namespace {
 
@@ -426,16 +534,21 @@ class DirectFallbacks {
   DirectFallbacks() {
     auto& dispatcher = c10::Dispatcher::singleton();
     std::unordered_map<std::string, std::vector<c10::OperatorHandle>> by_name;
-    std::vector<c10::OperatorHandle> forms;
+    std::vector<c10::OperatorHandle> forms, others;
     for (const auto& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       const auto op = dispatcher.findOp(name);
       if (!op) continue;
       by_name[name.name].push_back(*op);
-      if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-          op->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) || is_native_device_op(c10::toString(name))) {
+        continue;
+      }
+      if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
         forms.push_back(*op);
+      } else if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+                 !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+        others.push_back(*op);  // reaches the boxed fallback: unboxed if its signature allows
       }
     }
     for (const auto& form : forms) {
@@ -444,21 +557,19 @@ class DirectFallbacks {
       const auto delegate = structured_delegate(form.schema(), by_name[base]);
       if (!delegate) continue;
       const std::string name = c10::toString(form.operator_name());
-      by_op_.emplace(name, c10::Dispatcher::singleton().registerImpl(
-                               form.operator_name(), c10::DispatchKey::PrivateUse1,
-                               c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(), std::nullopt,
-                               nullptr, "max_device direct CPU fallback"));
+      add(name, form, /*form=*/true);
       const std::string out = c10::toString(*delegate);
       auto it = forms_of_.find(out);
       if (it == forms_of_.end()) it = forms_of_.emplace(out, Delegate{*dispatcher.findOp(*delegate), {}}).first;
       it->second.forms.push_back(name);
     }
+    for (const auto& op : others) add(c10::toString(op.operator_name()), op, /*form=*/false);
   }
 
   std::vector<std::string> ops() {
     std::lock_guard lock(mutex_);
     std::vector<std::string> out;
-    for (const auto& [name, handle] : by_op_) out.push_back(name);
+    for (const auto& [name, registration] : by_op_) out.push_back(name);
     return out;
   }
 
@@ -472,16 +583,46 @@ class DirectFallbacks {
     end_locked(op);
   }
 
-  void refresh() {
+  void suspend() {
+    std::lock_guard lock(mutex_);
+    for (auto& [name, registration] : by_op_) suspended_.push_back({name, registration.op, registration.form});
+    by_op_.clear();
+  }
+
+  void resume() {
     std::lock_guard lock(mutex_);
     std::vector<std::string> served;
-    for (const auto& [out, delegate] : forms_of_) {
-      if (delegate.op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) served.push_back(out);
+    for (const auto& s : suspended_) {
+      if (s.op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        served.push_back(s.name);
+      } else {
+        add(s.name, s.op, s.form);
+      }
     }
-    for (const auto& out : served) end_locked(out);
+    suspended_.clear();
+    for (const auto& [out, delegate] : forms_of_) {
+      if (by_op_.count(out) == 0 && delegate.op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        served.push_back(out);
+      }
+    }
+    for (const auto& op : served) end_locked(op);
   }
 
  private:
+  // The fallback kernel of `op`: unboxed where its signature allows; else
+  // boxed for a form, while an op that reaches the boxed fallback anyway
+  // gets none.
+  void add(const std::string& name, const c10::OperatorHandle& op, bool form) {
+    auto handle = register_unboxed<UnboxedFallback>(op, name, UnboxedSignatures{});
+    if (!handle && form) {
+      handle.emplace(c10::Dispatcher::singleton().registerImpl(
+          op.operator_name(), c10::DispatchKey::PrivateUse1,
+          c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(), std::nullopt, nullptr,
+          "max_device direct CPU fallback"));
+    }
+    if (handle) by_op_.emplace(name, Registration{op, std::move(*handle), form});
+  }
+
   void end_locked(const std::string& op) {
     by_op_.erase(op);
     if (auto it = forms_of_.find(op); it != forms_of_.end()) {
@@ -490,14 +631,24 @@ class DirectFallbacks {
     }
   }
 
- private:
   std::mutex mutex_;
-  std::unordered_map<std::string, c10::RegistrationHandleRAII> by_op_;           // form -> its registration
+  struct Registration {
+    c10::OperatorHandle op;
+    c10::RegistrationHandleRAII handle;
+    bool form;
+  };
+  std::unordered_map<std::string, Registration> by_op_;
   struct Delegate {
     c10::OperatorHandle op;          // aten::add.out
     std::vector<std::string> forms;  // aten::add.Tensor, aten::add_.Tensor
   };
   std::unordered_map<std::string, Delegate> forms_of_;
+  struct Suspended {
+    std::string name;
+    c10::OperatorHandle op;
+    bool form;
+  };
+  std::vector<Suspended> suspended_;
 };
 
 DirectFallbacks& direct_fallbacks() {
@@ -510,7 +661,8 @@ DirectFallbacks& direct_fallbacks() {
 std::vector<std::string> direct_fallback_ops() { return direct_fallbacks().ops(); }
 bool is_direct_fallback(const std::string& op) { return direct_fallbacks().has(op); }
 void end_direct_fallbacks(const std::string& op) { direct_fallbacks().end(op); }
-void refresh_direct_fallbacks() { direct_fallbacks().refresh(); }
+void suspend_direct_fallbacks() { direct_fallbacks().suspend(); }
+void resume_direct_fallbacks() { direct_fallbacks().resume(); }
 
 void register_fallback(torch::Library& m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback_kernel>());

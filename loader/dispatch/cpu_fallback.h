@@ -18,11 +18,6 @@ namespace maxdev::dispatch {
 // implementation lives under another name) on the CPU aliases.
 using CpuKernel = void (*)(torch::jit::Stack* stack);
 
-// The max_device device an op call works on: that of its max_device tensor
-// arguments (which must agree, as on CUDA: else a "same device" error), else
-// a max_device `device=` argument, else -1 (the current device).
-c10::DeviceIndex op_device_index(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
-
 void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                     CpuKernel cpu_kernel = nullptr);
 
@@ -60,16 +55,25 @@ void fall_back(const c10::OperatorHandle& op, torch::jit::Stack* stack, CpuKerne
 // the form itself to the CPU fallback: one dispatch, no device allocation,
 // the shape computed once, the CPU's own kernel for that form.
 //
-// The forms that have one (every structured form whose out= op is known).
+// Unboxed fallbacks. The dispatcher boxes every call to the fallback into
+// a heap-allocated stack, and the fallback calls the CPU kernel boxed. An op
+// whose C++ signature is a common one (dispatch/unboxed_signatures.h: mm.out,
+// add.out, relu, ...) gets a fallback kernel of its own instead, called and
+// calling unboxed; the forms too, where their signature allows.
+//
+// The ops with a fallback kernel of their own (forms and unboxed).
 std::vector<std::string> direct_fallback_ops();
 bool is_direct_fallback(const std::string& op);
-// Before a provider serves `op`: ends the direct fallback of `op` and of
-// every form computed by `op`, for good, so calls reach the provider
-// (through PyTorch's composite, for the forms).
+// Before a provider serves `op`: ends the fallback kernel of `op` and the
+// direct fallbacks of every form computed by `op`, for good, so calls
+// reach the provider (through PyTorch's composite, for the forms).
 void end_direct_fallbacks(const std::string& op);
-// Ends the direct fallbacks that would hide a kernel registered on the
-// device key outside max_device (torch.library, TORCH_LIBRARY_IMPL) for a
-// form's out= op. The Python package calls it after such registrations.
-void refresh_direct_fallbacks();
+// Around loading a library that may register kernels on the device key
+// (torch.ops.load_library of a TORCH_LIBRARY_IMPL): suspend lifts every
+// fallback kernel (calls meanwhile take the boxed fallback), so none is
+// overridden; resume puts back those of the ops the library left alone,
+// and ends the forms of the out= ops it serves.
+void suspend_direct_fallbacks();
+void resume_direct_fallbacks();
 
 }  // namespace maxdev::dispatch

@@ -1,7 +1,6 @@
 #include "dispatch/trampoline.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/core/op_registration/infer_schema.h>
 #include <ATen/core/stack.h>
 #include <c10/core/Scalar.h>
 
@@ -16,6 +15,7 @@
 #include "dispatch/cpu_fallback.h"
 #include "dispatch/epoch.h"
 #include "dispatch/op_table.h"
+#include "dispatch/unboxed_signatures.h"
 
 namespace maxdev::dispatch {
 namespace {
@@ -94,14 +94,7 @@ class UnboxedTrampoline;
 template <class Ret, class... Args>
 class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
  public:
-  static constexpr std::array<bool, sizeof...(Args)> kWritten = {std::is_same_v<Args, at::Tensor&>...};
-  static constexpr int kWrittenIndex = [] {
-    for (size_t i = 0; i < kWritten.size(); ++i) {
-      if (kWritten[i]) return static_cast<int>(i);
-    }
-    return -1;
-  }();
-  static_assert(std::is_same_v<Ret, at::Tensor> || (std::is_same_v<Ret, at::Tensor&> && kWrittenIndex >= 0));
+  using Sig = Signature<Ret(Args...)>;
 
   explicit UnboxedTrampoline(const OpSlot* slot) : slot_(slot) {}
 
@@ -120,7 +113,7 @@ class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
       returns.assign(std::make_move_iterator(stack.begin()), std::make_move_iterator(stack.end()));
     }
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
-      return std::get<kWrittenIndex>(refs);
+      return std::get<Sig::kWrittenIndex>(refs);
     } else {
       return std::move(returns[0]).toTensor();
     }
@@ -132,89 +125,27 @@ class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
                *static_cast<const std::tuple<Args&...>*>(refs));
   }
 
-  // Whether the dispatcher would call this with exactly the op's C++
-  // signature: the same types, a `Tensor&` for every written tensor, and a
-  // return that is new (Tensor) or the written argument (Tensor&).
-  static bool matches(const OpSlot& slot) {
-    const c10::FunctionSchema& schema = slot.op.schema();
-    if (schema.arguments().size() != sizeof...(Args) || schema.returns().size() != 1) return false;
-    if (c10::findSchemaDifferences(c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>(), schema)) {
-      return false;
-    }
-    for (size_t i = 0; i < sizeof...(Args); ++i) {
-      const c10::Argument& a = schema.arguments()[i];
-      // SymInts reach a kernel through a conversion the C++ signature hides.
-      if (a.real_type()->str().find("SymInt") != std::string::npos) return false;
-      const bool written = a.alias_info() != nullptr && a.alias_info()->isWrite();
-      if (written != kWritten[i]) return false;
-    }
-    const int alias = slot.sig.return_aliases[0];
-    return std::is_same_v<Ret, at::Tensor&> ? alias == kWrittenIndex : alias < 0;
+  // The signature's, and a return that is new (Tensor) or the written
+  // argument (Tensor&).
+  static bool matches(const OpSlot* slot) {
+    if (!Sig::matches(slot->op.schema())) return false;
+    const int alias = slot->sig.return_aliases[0];
+    return std::is_same_v<Ret, at::Tensor&> ? alias == Sig::kWrittenIndex : alias < 0;
   }
 
   static c10::RegistrationHandleRAII register_for(const OpSlot* slot) {
-    return c10::Dispatcher::singleton().registerImpl(
-        slot->op.operator_name(), c10::DispatchKey::PrivateUse1,
-        c10::KernelFunction::makeFromUnboxedFunctor<false, UnboxedTrampoline>(
-            std::make_unique<UnboxedTrampoline>(slot)),
-        c10::impl::CppSignature::make<Ret(Args...)>(),
-        std::make_unique<c10::FunctionSchema>(c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>()),
-        "max_device unboxed trampoline");
+    return Sig::register_kernel(slot->op, std::make_unique<UnboxedTrampoline>(slot), "max_device unboxed trampoline");
   }
 
  private:
   SlotRef slot_;
 };
 
-using at::Scalar;
-using at::Tensor;
-using OptDims = at::OptionalIntArrayRef;
-using OptDtype = std::optional<at::ScalarType>;
-
-// The signatures served unboxed: the per-call cost of the ops a plugin
-// serves most (elementwise, reductions, softmax, GEMM) in their functional,
-// in-place and out= forms.
-template <class... Fns>
-struct SignatureList {};
-using UnboxedSignatures = SignatureList<
-    Tensor(const Tensor&), Tensor&(Tensor&), Tensor&(const Tensor&, Tensor&),                      // unary
-    Tensor(const Tensor&, const Tensor&), Tensor&(Tensor&, const Tensor&),                           // binary
-    Tensor&(const Tensor&, const Tensor&, Tensor&),                                                  //
-    Tensor(const Tensor&, const Tensor&, const Scalar&), Tensor&(Tensor&, const Tensor&, const Scalar&),  // alpha
-    Tensor&(const Tensor&, const Tensor&, const Scalar&, Tensor&),                                   //
-    Tensor(const Tensor&, const Scalar&), Tensor&(Tensor&, const Scalar&),                           // scalar
-    Tensor&(const Tensor&, const Scalar&, Tensor&),                                                  //
-    Tensor(const Tensor&, OptDims, bool, OptDtype), Tensor&(const Tensor&, OptDims, bool, OptDtype, Tensor&),  // sum, mean
-    Tensor(const Tensor&, int64_t, bool), Tensor&(const Tensor&, int64_t, bool, Tensor&),            // _softmax
-    Tensor(const Tensor&, const Tensor&, int64_t, at::ScalarType),                                   // its backward
-    Tensor&(const Tensor&, const Tensor&, int64_t, at::ScalarType, Tensor&),                         //
-    Tensor(const Tensor&, c10::string_view), Tensor&(Tensor&, c10::string_view),                     // gelu
-    Tensor&(const Tensor&, c10::string_view, Tensor&),                                               //
-    Tensor(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&),               // addmm
-    Tensor&(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&, Tensor&)>;
-
-// The dispatcher refuses a kernel whose C++ signature differs from one
-// already registered for the op (a native kernel's, generated from the same
-// schema): such an op keeps the boxed trampoline.
-template <class... Fns>
-std::optional<c10::RegistrationHandleRAII> register_unboxed(const OpSlot* slot, SignatureList<Fns...>) {
-  std::optional<c10::RegistrationHandleRAII> handle;
-  auto attempt = [&](auto matches, auto register_for) {
-    if (handle || !matches(*slot)) return;
-    try {
-      handle.emplace(register_for(slot));
-    } catch (const c10::Error& e) {
-      log::debug("no unboxed trampoline for " + slot->name + ": " + e.what_without_backtrace());
-    }
-  };
-  (attempt(&UnboxedTrampoline<Fns>::matches, &UnboxedTrampoline<Fns>::register_for), ...);
-  return handle;
-}
-
 }  // namespace
 
 c10::RegistrationHandleRAII register_trampoline(OpSlot* slot, bool* unboxed) {
-  if (auto handle = register_unboxed(slot, UnboxedSignatures{})) {
+  if (auto handle = register_unboxed<UnboxedTrampoline>(static_cast<const OpSlot*>(slot), slot->name,
+                                                         UnboxedSignatures{})) {
     *unboxed = true;
     return std::move(*handle);
   }

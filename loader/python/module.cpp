@@ -328,9 +328,11 @@ void bind_plugins(py::module_& m) {
     for (const auto* slot : dispatch::OpTable::instance().slots()) names.push_back(slot->name);
     return names;
   });
-  // Structured forms sent straight to the CPU fallback (dispatch/cpu_fallback.h).
+  // Ops with a fallback kernel of their own (dispatch/cpu_fallback.h).
   m.def("_direct_fallback_ops", &dispatch::direct_fallback_ops);
-  m.def("_refresh_direct_fallbacks", &dispatch::refresh_direct_fallbacks);
+  m.def("_end_direct_fallbacks", &dispatch::end_direct_fallbacks);
+  m.def("_suspend_direct_fallbacks", &dispatch::suspend_direct_fallbacks);
+  m.def("_resume_direct_fallbacks", &dispatch::resume_direct_fallbacks);
   m.def("_set_kernel_checks", &dispatch::set_kernel_checks);
   m.def("_kernel_checks", &dispatch::kernel_checks);
   m.def("_list_ops", [] {

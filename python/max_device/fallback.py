@@ -69,26 +69,48 @@ def _op_names():
     return torch._C._dispatch_get_all_op_names()
 
 
-def _refreshing_direct_fallbacks(register):
-    @functools.wraps(register)
-    def registering(*args, **kwargs):
-        try:
-            return register(*args, **kwargs)
-        finally:
-            _C._refresh_direct_fallbacks()
+def _ending_direct_fallbacks(impl):
+    """Library.impl: a kernel about to be registered on the device key
+    replaces max_device's own fallback kernel for that op (and, for an out=
+    op, the direct fallbacks of the forms computed with it) first, so the
+    dispatcher has nothing to override."""
+    @functools.wraps(impl)
+    def registering(self, op_name, fn, dispatch_key="", *args, **kwargs):
+        key = dispatch_key or self.dispatch_key
+        if key == "PrivateUse1" and self.ns == "aten":
+            name = self._resolve_op_name(op_name, "impl")
+            _C._end_direct_fallbacks(name if "::" in name else f"aten::{name}")
+        return impl(self, op_name, fn, dispatch_key, *args, **kwargs)
 
     registering.max_device_refreshes = True
     return registering
 
 
+def _suspending_direct_fallbacks(load_library):
+    """torch.ops.load_library: a C++ library's TORCH_LIBRARY_IMPL registers
+    while it loads, over whichever op it names; max_device's fallback
+    kernels step aside meanwhile and come back for the ops it left alone."""
+    @functools.wraps(load_library)
+    def loading(*args, **kwargs):
+        _C._suspend_direct_fallbacks()
+        try:
+            return load_library(*args, **kwargs)
+        finally:
+            _C._resume_direct_fallbacks()
+
+    loading.max_device_refreshes = True
+    return loading
+
+
 def install_registration_hooks() -> None:
-    """A kernel someone registers on the max_device key for an out= op
+    """A kernel someone registers on the max_device key for an op
     (``torch.library.impl("aten::add.out", "max_device")``, or a C++
-    TORCH_LIBRARY_IMPL loaded with ``torch.ops.load_library``) ends the
-    direct fallbacks of the forms PyTorch computes with it, so
-    ``torch.add(a, b)`` reaches it through PyTorch's composite as on any
-    device. Idempotent."""
-    for owner, name in ((torch.library.Library, "impl"), (torch._ops._Ops, "load_library")):
+    TORCH_LIBRARY_IMPL loaded with ``torch.ops.load_library``) replaces
+    max_device's fallback kernel for it and ends the direct fallbacks of
+    the forms PyTorch computes with it, so ``torch.add(a, b)`` reaches it
+    through PyTorch's composite as on any device. Idempotent."""
+    for owner, name, hook in ((torch.library.Library, "impl", _ending_direct_fallbacks),
+                              (torch._ops._Ops, "load_library", _suspending_direct_fallbacks)):
         register = getattr(owner, name)
         if not getattr(register, "max_device_refreshes", False):
-            setattr(owner, name, _refreshing_direct_fallbacks(register))
+            setattr(owner, name, hook(register))

@@ -37,7 +37,9 @@ def test_every_structured_form_with_a_cpu_kernel_falls_back_directly():
                 if not has_device_kernel(form) and torch._C._dispatch_has_kernel_for_dispatch_key(form, "CPU")}
     assert len(expected) > 300
     assert expected - direct == set()
-    assert {"aten::add.out", "aten::mm.out"} & direct == set()  # out= ops fall back as themselves
+    # out= ops fall back as themselves: with a kernel of their own where their
+    # signature is one of the unboxed ones (test_unboxed_fallback.py)
+    assert {"aten::add.out", "aten::mm.out"} <= direct and "aten::cumsum.out" not in direct
 
 
 def test_forms_compute_what_the_cpu_computes_as_the_form_called():
