@@ -1,0 +1,197 @@
+"""Unboxed fallbacks: an op with a common C++ signature (mm.out, add.out,
+relu, addmm, the structured forms) has a fallback kernel of its own, which
+the dispatcher calls with C++ arguments and which calls the CPU kernel
+unboxed. It must compute, count, check and fail exactly as the boxed
+fallback does, and step aside for any kernel someone registers.
+
+The ops registered over here (dot, logaddexp2.out) are served by no plugin
+or override elsewhere in the suite: replacing a fallback kernel is for the
+life of the process."""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import max_device
+from max_device import _C
+
+from conftest import build_dir_path, run_python
+
+DEVICE = "max_device"
+
+
+def active_kernel(op):
+    """The debug name of the kernel that serves `op` on the device key."""
+    for line in torch._C._dispatch_dump(op).splitlines():
+        if line.startswith("PrivateUse1:"):
+            return line.split(":", 1)[1].split("::")[0].strip()
+    return None
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_common_signatures_get_an_unboxed_fallback_kernel():
+    direct = set(_C._direct_fallback_ops())
+    for op in ("aten::mm.out", "aten::addmm.out", "aten::bmm.out", "aten::add.out", "aten::relu",
+               "aten::mm", "aten::add.Tensor", "aten::add_.Tensor"):
+        assert op in direct and active_kernel(op) == "max_device unboxed CPU fallback", op
+    # other signatures: the boxed fallback, as a form's kernel or the global one
+    assert active_kernel("aten::cumsum") == "max_device direct CPU fallback"
+    assert "aten::cumsum.out" not in direct and active_kernel("aten::cumsum.out") is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_results_and_counts_match_the_cpu(dtype):
+    a, b, bias = (randn(5, 7, seed=1) * 4).to(dtype), (randn(7, 3, seed=2) * 4).to(dtype), (randn(3) * 4).to(dtype)
+    da, db, dbias = a.to(DEVICE), b.to(DEVICE), bias.to(DEVICE)
+    out = torch.empty(5, 3, dtype=dtype, device=DEVICE)
+    assert torch.mm(da, db, out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.mm(a, b), rtol=0, atol=0)
+    got = torch.addmm(dbias, da, db, beta=2, alpha=3)  # the form: Scalars unboxed too
+    assert got.device.type == DEVICE
+    torch.testing.assert_close(got.cpu(), torch.addmm(bias, a, b, beta=2, alpha=3), rtol=0, atol=0)
+    x = da.clone()
+    assert x.add_(da, alpha=2) is x
+    torch.testing.assert_close(x.cpu(), a.add(a, alpha=2), rtol=0, atol=0)
+    torch.testing.assert_close(torch.relu(da).cpu(), torch.relu(a), rtol=0, atol=0)
+    assert max_device.fallback_counts() == {"aten::mm.out": 1, "aten::addmm": 1, "aten::add_.Tensor": 1,
+                                            "aten::relu": 1}
+
+
+def test_an_out_of_the_wrong_shape_is_resized_and_views_of_it_see_it():
+    a, b = randn(4, 6), randn(6, 5)
+    out = torch.empty(0, device=DEVICE)
+    torch.mm(a.to(DEVICE), b.to(DEVICE), out=out)
+    assert out.shape == (4, 5)
+    torch.testing.assert_close(out.cpu(), torch.mm(a, b), rtol=0, atol=0)
+    # a non-contiguous out keeps its strides, as on the CPU
+    wide = torch.zeros(5, 4, device=DEVICE)
+    torch.mm(a.to(DEVICE), b.to(DEVICE), out=wide.t())
+    torch.testing.assert_close(wide.t().cpu(), torch.mm(a, b), rtol=0, atol=0)
+
+
+def test_one_tensor_as_input_and_output():
+    a = randn(16)
+    x = a.to(DEVICE)
+    torch.add(x, x, alpha=3, out=x)
+    torch.testing.assert_close(x.cpu(), a + 3 * a, rtol=0, atol=0)
+
+
+def test_errors_name_the_op_and_leave_the_output_alone():
+    da, out = randn(3, 3).to(DEVICE), torch.full((3, 3), 7.0, device=DEVICE)
+    max_device.reset_fallback_counts()
+    with pytest.raises(RuntimeError, match=r"same device.*max_device:0 and cpu! \(argument 'mat2' of aten::mm.out\)"):
+        torch.mm(da, randn(3, 3), out=out)
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):  # the CPU kernel's own
+        torch.mm(da, randn(4, 4).to(DEVICE), out=out)
+    max_device.set_fallback_policy("error", op="aten::mm")
+    with pytest.raises(NotImplementedError, match=r"aten::mm.out has no max_device kernel"):
+        torch.mm(da, da, out=out)
+    assert out.cpu().eq(7.0).all()
+    assert max_device.fallback_counts() == {"aten::mm.out": 3}
+
+
+@pytest.mark.skipif(torch.max_device.device_count() < 2, reason="needs two max_device devices")
+def test_tensors_on_two_devices_are_refused():
+    with pytest.raises(RuntimeError, match=r"max_device:0 and max_device:1! \(in aten::mm.out\)"):
+        torch.mm(randn(2, 2).to("max_device:0"), randn(2, 2).to("max_device:1"),
+                 out=torch.empty(2, 2, device="max_device:0"))
+
+
+def test_outputs_land_on_the_inputs_device():
+    device = f"{DEVICE}:{torch.max_device.device_count() - 1}"
+    result = torch.relu(randn(8).to(device))
+    assert str(result.device) == device
+
+
+def test_the_copying_fallback_serves_them_too():
+    a, b = randn(4, 4), randn(4, 4)
+    _C._set_fallback_impl("copying")
+    out = torch.empty(4, 4, device=DEVICE)
+    torch.mm(a.to(DEVICE), b.to(DEVICE), out=out)
+    torch.testing.assert_close(out.cpu(), torch.mm(a, b), rtol=0, atol=0)
+    torch.testing.assert_close(torch.relu(a.to(DEVICE)).cpu(), torch.relu(a), rtol=0, atol=0)
+    assert max_device.fallback_counts() == {"aten::mm.out": 1, "aten::relu": 1}
+
+
+def test_the_profiler_names_the_fallback():
+    da = randn(4, 4).to(DEVICE)
+    with torch.profiler.profile() as prof:
+        torch.mm(da, da, out=torch.empty(4, 4, device=DEVICE))
+    assert "max_device: aten::mm.out <- cpu fallback" in {e.name for e in prof.events()}
+
+
+def test_a_torch_library_kernel_replaces_it_without_a_warning():
+    a = randn(8)
+    seen = []
+
+    def dot(self, other):
+        seen.append(self.device.type)
+        return torch.dot(self.cpu(), other.cpu()).to(self.device) + 100
+
+    assert active_kernel("aten::dot") == "max_device unboxed CPU fallback"
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "Overriding a previously registered kernel" would raise
+            lib.impl("dot", dot, "PrivateUse1")
+        assert "aten::dot" not in _C._direct_fallback_ops()
+        assert torch.dot(a.to(DEVICE), a.to(DEVICE)).item() == pytest.approx(torch.dot(a, a).item() + 100)
+    finally:
+        lib._destroy()
+    assert seen == [DEVICE]
+    # gone for good: the boxed fallback from now on, same result
+    torch.testing.assert_close(torch.dot(a.to(DEVICE), a.to(DEVICE)).cpu(), torch.dot(a, a), rtol=0, atol=0)
+    assert max_device.fallback_counts()["aten::dot"] == 1
+
+
+def test_a_torch_library_kernel_for_an_out_op_ends_its_forms_too():
+    a, b = randn(3, 4), randn(4)
+    seen = []
+
+    def logaddexp2_out(self, other, *, out):
+        seen.append(tuple(out.shape))
+        out.copy_(torch.logaddexp2(self.cpu(), other.cpu()))
+        return out
+
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("logaddexp2.out", logaddexp2_out, "PrivateUse1")
+        assert {"aten::logaddexp2", "aten::logaddexp2.out"} & set(_C._direct_fallback_ops()) == set()
+        result = torch.logaddexp2(a.to(DEVICE), b.to(DEVICE))  # PyTorch's composite, then our kernel
+    finally:
+        lib._destroy()
+    assert seen == [(3, 4)]
+    torch.testing.assert_close(result.cpu(), torch.logaddexp2(a, b), rtol=0, atol=0)
+
+
+def test_a_cpp_library_loaded_later_takes_over_its_ops_and_no_other():
+    """torch.ops.load_library of a TORCH_LIBRARY_IMPL for add.out (the
+    benchmark's native kernel): no override warning, add.out and the add
+    forms reach it, mm.out keeps its fallback kernel."""
+    library = os.path.join(build_dir_path(), "bench", "libbench_native_add.so")
+    assert os.path.exists(library), f"{library}: built with the project (make build)"
+    result = run_python(f"""
+import ctypes, warnings
+import torch, max_device
+from max_device import _C
+warnings.simplefilter("error")
+torch.ops.load_library({library!r})
+calls = ctypes.CDLL({library!r}).bench_native_add_calls
+direct = set(_C._direct_fallback_ops())
+assert {{"aten::add.out", "aten::add.Tensor", "aten::add_.Tensor"}} & direct == set(), direct
+assert {{"aten::mm.out", "aten::mm", "aten::relu"}} <= direct
+a = torch.ones(4, device="max_device")
+assert torch.add(a, a).cpu().eq(2).all() and calls() == 1
+a.add_(a)
+assert calls() == 2
+assert torch.mm(a.view(2, 2), a.view(2, 2)).cpu().eq(8).all() and calls() == 2
+print("ok")
+""")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+    assert "Overriding" not in result.stderr
