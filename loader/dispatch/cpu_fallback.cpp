@@ -279,8 +279,8 @@ class CpuCall {
   void check_operands() const {
     TORCH_CHECK(cpu_operand_ == nullptr || !aliased_ || cpu_operand_->name() == "indices",
                 "Expected all tensors to be on the same device, but found at least two devices, ", device_,
-                " and cpu! (argument '",
-                cpu_operand_ ? cpu_operand_->name() : "", "' of ", c10::toString(op_.operator_name()), ")");
+                " and cpu! (argument '", cpu_operand_ ? cpu_operand_->name() : "", "' of ",
+                c10::toString(op_.operator_name()), ")");
   }
 
   // The device outputs, grown buffers and the default generator belong to:
