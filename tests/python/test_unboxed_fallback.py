@@ -16,7 +16,7 @@ import torch
 import max_device
 from max_device import _C
 
-from conftest import build_dir_path, run_python
+from conftest import run_python
 
 DEVICE = "max_device"
 
@@ -213,12 +213,12 @@ print("ok")
     assert result.stdout.strip() == "ok"
 
 
-def test_a_cpp_library_loaded_later_takes_over_its_ops_and_no_other():
+def test_a_cpp_library_loaded_later_takes_over_its_ops_and_no_other(artifacts):
     """torch.ops.load_library of a TORCH_LIBRARY_IMPL for add.out (the
     benchmark's native kernel): no override warning, add.out and the add
     forms reach it, mm.out keeps its fallback kernel."""
-    library = os.path.join(build_dir_path(), "bench", "libbench_native_add.so")
-    assert os.path.exists(library), f"{library}: built with the project (make build)"
+    library = artifacts["native_add"]
+    assert os.path.exists(library), f"{library}: built with the tests (make build)"
     result = run_python(f"""
 import ctypes, warnings
 import torch, max_device
