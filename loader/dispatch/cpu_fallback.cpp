@@ -412,8 +412,8 @@ class UnboxedFallback<Ret(Args...)> final : public c10::OperatorKernel {
     }
   }
 
-  static c10::RegistrationHandleRAII register_for(const c10::OperatorHandle& op) {
-    return Sig::register_kernel(op, std::make_unique<UnboxedFallback>(op), "max_device unboxed CPU fallback");
+  static SharedKernel make(const c10::OperatorHandle& op) {
+    return Sig::shared_kernel(std::make_unique<UnboxedFallback>(op), "max_device unboxed CPU fallback");
   }
 
  private:
@@ -613,12 +613,17 @@ class DirectFallbacks {
   // boxed for a form, while an op that reaches the boxed fallback anyway
   // gets none.
   void add(const std::string& name, const c10::OperatorHandle& op, bool form) {
-    auto handle = register_unboxed<UnboxedFallback>(op, name, UnboxedSignatures{});
-    if (!handle && form) {
-      handle.emplace(c10::Dispatcher::singleton().registerImpl(
-          op.operator_name(), c10::DispatchKey::PrivateUse1,
-          c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(), std::nullopt, nullptr,
-          "max_device direct CPU fallback"));
+    std::optional<c10::RegistrationHandleRAII> handle;
+    if (auto kept = kernels_.find(name); kept != kernels_.end()) {
+      handle.emplace(kept->second.register_for(op));  // resumed
+    } else if (auto registered = register_unboxed<UnboxedFallback>(op, op, name, UnboxedSignatures{})) {
+      handle.emplace(std::move(registered->registration));
+      kernels_.emplace(name, std::move(registered->kernel));
+    } else if (form) {
+      SharedKernel boxed(c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(), std::nullopt, std::nullopt,
+                         "max_device direct CPU fallback");
+      handle.emplace(boxed.register_for(op));
+      kernels_.emplace(name, std::move(boxed));
     }
     if (handle) by_op_.emplace(name, Registration{op, std::move(*handle), form});
   }
@@ -632,6 +637,9 @@ class DirectFallbacks {
   }
 
   std::mutex mutex_;
+  // Each op's kernel, made once: ending or suspending a registration never
+  // frees it under a call on another thread (dispatch/shared_kernel.h).
+  std::unordered_map<std::string, SharedKernel> kernels_;
   struct Registration {
     c10::OperatorHandle op;
     c10::RegistrationHandleRAII handle;

@@ -136,7 +136,9 @@ OpSlot& OpTable::slot(const std::string& op) {
   auto slot = std::make_unique<OpSlot>(slots_.size(), op, checked.handle, std::move(checked.sig));
   slot->has_cpu_kernel = checked.handle.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
   slot->composite_implicit = checked.handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-  slot->registration.emplace(register_trampoline(slot.get(), &slot->unboxed));
+  auto registered = register_trampoline(slot.get(), &slot->unboxed);
+  slot->trampoline.emplace(std::move(registered.kernel));
+  slot->registration.emplace(std::move(registered.registration));
   log::debug(std::string(slot->unboxed ? "unboxed" : "boxed") + " trampoline registered for " + op);
   slots_.push_back(std::move(slot));
   return *slots_.back();

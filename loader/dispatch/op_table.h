@@ -26,6 +26,7 @@
 
 #include "dispatch/call_args.h"
 #include "dispatch/op_signature.h"
+#include "dispatch/shared_kernel.h"
 
 namespace torch {
 class Library;
@@ -122,7 +123,10 @@ struct OpSlot {
   std::string name;  // "aten::add.out"
   c10::OperatorHandle op;
   OpSignature sig;
-  std::optional<c10::RegistrationHandleRAII> registration;  // the trampoline (dispatch/trampoline.h)
+  // The trampoline (dispatch/trampoline.h), kept as long as the slot: a
+  // call may still be inside it after its registration ends.
+  std::optional<SharedKernel> trampoline;
+  std::optional<c10::RegistrationHandleRAII> registration;
   bool unboxed = false;  // the dispatcher calls it with C++ arguments, as a native kernel
   std::unique_ptr<torch::Library> custom_op_kernels;  // Meta and Autograd kernels of a plugin-defined op
   bool has_meta_kernel = false, has_autograd_kernel = false;

@@ -133,8 +133,8 @@ class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
     return std::is_same_v<Ret, at::Tensor&> ? alias == Sig::kWrittenIndex : alias < 0;
   }
 
-  static c10::RegistrationHandleRAII register_for(const OpSlot* slot) {
-    return Sig::register_kernel(slot->op, std::make_unique<UnboxedTrampoline>(slot), "max_device unboxed trampoline");
+  static SharedKernel make(const OpSlot* slot) {
+    return Sig::shared_kernel(std::make_unique<UnboxedTrampoline>(slot), "max_device unboxed trampoline");
   }
 
  private:
@@ -143,18 +143,18 @@ class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
 
 }  // namespace
 
-c10::RegistrationHandleRAII register_trampoline(OpSlot* slot, bool* unboxed) {
-  if (auto handle = register_unboxed<UnboxedTrampoline>(static_cast<const OpSlot*>(slot), slot->name,
-                                                         UnboxedSignatures{})) {
+RegisteredKernel register_trampoline(OpSlot* slot, bool* unboxed) {
+  if (auto registered =
+          register_unboxed<UnboxedTrampoline>(slot->op, static_cast<const OpSlot*>(slot), slot->name, UnboxedSignatures{})) {
     *unboxed = true;
-    return std::move(*handle);
+    return std::move(*registered);
   }
   *unboxed = false;
-  return c10::Dispatcher::singleton().registerImpl(
-      slot->op.operator_name(), c10::DispatchKey::PrivateUse1,
-      c10::KernelFunction::makeFromBoxedKernel(
-          c10::BoxedKernel::makeFromFunctor(std::make_unique<BoxedTrampoline>(slot))),
-      std::nullopt, nullptr, "max_device boxed trampoline");
+  SharedKernel kernel(c10::KernelFunction::makeFromBoxedKernel(
+                          c10::BoxedKernel::makeFromFunctor(std::make_unique<BoxedTrampoline>(slot))),
+                      std::nullopt, std::nullopt, "max_device boxed trampoline");
+  auto registration = kernel.register_for(slot->op);
+  return {std::move(kernel), std::move(registration)};
 }
 
 }  // namespace maxdev::dispatch

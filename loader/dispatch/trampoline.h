@@ -13,14 +13,14 @@
 // cost (README, Benchmarks): the conversions to the ABI dominate.
 #pragma once
 
-#include <ATen/core/dispatch/Dispatcher.h>
+#include "dispatch/shared_kernel.h"
 
 namespace maxdev::dispatch {
 
 struct OpSlot;
 
-// Registers the trampoline of `slot` on PrivateUse1; true if it is the
-// unboxed one. The registration lasts as long as the handle.
-c10::RegistrationHandleRAII register_trampoline(OpSlot* slot, bool* unboxed);
+// Registers the trampoline of `slot` on PrivateUse1; `*unboxed` tells
+// whether it is the unboxed one. The slot keeps the kernel for its life.
+RegisteredKernel register_trampoline(OpSlot* slot, bool* unboxed);
 
 }  // namespace maxdev::dispatch

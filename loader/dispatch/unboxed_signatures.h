@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "common/log.h"
+#include "dispatch/shared_kernel.h"
 
 namespace maxdev::dispatch {
 
@@ -54,15 +55,13 @@ struct Signature<Ret(Args...)> {
     return true;
   }
 
-  // Registers `kernel` (a functor of this signature) for `op` on PrivateUse1.
+  // `kernel` (a functor of this signature) as a kernel the dispatcher
+  // calls unboxed.
   template <class Functor>
-  static c10::RegistrationHandleRAII register_kernel(const c10::OperatorHandle& op, std::unique_ptr<Functor> kernel,
-                                                     const char* debug) {
-    return c10::Dispatcher::singleton().registerImpl(
-        op.operator_name(), c10::DispatchKey::PrivateUse1,
-        c10::KernelFunction::makeFromUnboxedFunctor<false, Functor>(std::move(kernel)),
-        c10::impl::CppSignature::make<Ret(Args...)>(),
-        std::make_unique<c10::FunctionSchema>(c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>()), debug);
+  static SharedKernel shared_kernel(std::unique_ptr<Functor> kernel, const char* debug) {
+    return SharedKernel(c10::KernelFunction::makeFromUnboxedFunctor<false, Functor>(std::move(kernel)),
+                        c10::impl::CppSignature::make<Ret(Args...)>(),
+                        c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>(), debug);
   }
 };
 
@@ -94,23 +93,26 @@ using UnboxedSignatures = SignatureList<
     Tensor&(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&, Tensor&)>;
 
 // Registers on PrivateUse1 the `Kernel<Fn>` of the first signature Fn in
-// the list that `Kernel<Fn>::matches(target)`; nullopt when none matches or
-// the dispatcher refuses it (a kernel of another C++ signature is already
-// registered for the op: a native kernel's, generated from the same schema).
+// the list that `Kernel<Fn>::matches(target)` (`Kernel<Fn>::make(target)`
+// makes it); nullopt when none matches or the dispatcher refuses it (a
+// kernel of another C++ signature is already registered for the op: a
+// native kernel's, generated from the same schema).
 template <template <class> class Kernel, class Target, class... Fns>
-std::optional<c10::RegistrationHandleRAII> register_unboxed(const Target& target, const std::string& name,
-                                                            SignatureList<Fns...>) {
-  std::optional<c10::RegistrationHandleRAII> handle;
-  auto attempt = [&](auto matches, auto register_for) {
-    if (handle || !matches(target)) return;
+std::optional<RegisteredKernel> register_unboxed(const c10::OperatorHandle& op, const Target& target,
+                                                 const std::string& name, SignatureList<Fns...>) {
+  std::optional<RegisteredKernel> registered;
+  auto attempt = [&](auto matches, auto make) {
+    if (registered || !matches(target)) return;
     try {
-      handle.emplace(register_for(target));
+      SharedKernel kernel = make(target);
+      auto registration = kernel.register_for(op);
+      registered.emplace(RegisteredKernel{std::move(kernel), std::move(registration)});
     } catch (const c10::Error& e) {
       log::debug("no unboxed kernel for " + name + ": " + e.what_without_backtrace());
     }
   };
-  (attempt(&Kernel<Fns>::matches, &Kernel<Fns>::register_for), ...);
-  return handle;
+  (attempt(&Kernel<Fns>::matches, &Kernel<Fns>::make), ...);
+  return registered;
 }
 
 }  // namespace maxdev::dispatch

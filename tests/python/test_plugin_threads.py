@@ -8,6 +8,7 @@ import threading
 import torch
 
 import max_device
+from conftest import run_python
 
 DEVICE = "max_device"
 RELOADS = 50
@@ -102,3 +103,77 @@ def test_an_override_that_lists_while_another_thread_changes_never_deadlocks(loa
             thread.join(timeout=60)
     assert not thread.is_alive(), "the caller deadlocked"
     assert failures == [] and seen
+
+
+def test_fallback_kernels_taken_off_under_running_calls(plugin_file):
+    """Each op's CPU fallback kernel leaves the dispatcher's table while
+    other threads may be inside it: suspended and resumed by every
+    torch.ops.load_library, ended by a plugin's or a torch.library kernel
+    for its op. In a fresh process (where every fallback kernel is still
+    in place), workers call ops served by those kernels while the main
+    thread suspends and resumes them all, loads the reference plugin (its
+    ops' kernels end) and registers torch.library kernels (two more end).
+    Every result must be the CPU's; under the sanitizers, no call may run
+    in a kernel object that was freed."""
+    result = run_python(r"""
+import sys, threading
+import torch, max_device
+from max_device import _C
+
+ops = {"aten::add.Tensor": lambda x: x + x, "aten::mul.Tensor": lambda x: x * x, "aten::mm": lambda x: x @ x,
+       "aten::sqrt": torch.sqrt, "aten::sin": torch.sin, "aten::maximum": lambda x: torch.maximum(x, -x)}
+assert set(ops) <= set(_C._direct_fallback_ops())
+x_cpu = torch.rand(16, 16, generator=torch.Generator().manual_seed(0))
+x = x_cpu.to("max_device")
+stop, errors, calls = threading.Event(), [], [0, 0]
+
+def worker(index):
+    try:
+        while not stop.is_set():
+            for name, fn in ops.items():
+                got, expected = fn(x).cpu(), fn(x_cpu)
+                if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+                    errors.append(f"{name}: max diff {(got - expected).abs().max().item()}")
+                    return
+                calls[index] += 1
+    except Exception as e:
+        errors.append(f"worker {index}: {type(e).__name__}: {e}")
+
+def while_calls_run(change):
+    target = sum(calls) + 3
+    change()
+    while sum(calls) < target and not errors:
+        threading.Event().wait(0.0005)
+
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+for t in threads:
+    t.start()
+try:
+    def suspend_and_resume():
+        _C._suspend_direct_fallbacks()
+        _C._resume_direct_fallbacks()
+    for _ in range(20):
+        while_calls_run(suspend_and_resume)
+    plugin = max_device.load_plugin(sys.argv[1])  # serves add.out, mul.out, mm.out
+    lib = torch.library.Library("aten", "IMPL")
+    on_cpu = lambda fn: lambda t: fn(t.cpu()).to("max_device")
+    while_calls_run(lambda: lib.impl("sqrt", on_cpu(torch.sqrt), "PrivateUse1"))
+    while_calls_run(lambda: lib.impl("sin", on_cpu(torch.sin), "PrivateUse1"))
+    for _ in range(20):
+        while_calls_run(suspend_and_resume)
+    max_device.unload_plugin(plugin)
+    while_calls_run(lambda: None)
+finally:
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+assert not any(t.is_alive() for t in threads), "a worker hung"
+assert errors == [], errors
+ended = {"aten::add.Tensor", "aten::mul.Tensor", "aten::mm", "aten::sqrt", "aten::sin"}
+assert ended & set(_C._direct_fallback_ops()) == set()
+assert "aten::maximum" in _C._direct_fallback_ops()
+print("ok", min(calls))
+""", args=(plugin_file("reference"),), timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok"), result.stdout
+    assert int(result.stdout.split()[1]) > 0
