@@ -614,16 +614,23 @@ class DirectFallbacks {
   // gets none.
   void add(const std::string& name, const c10::OperatorHandle& op, bool form) {
     std::optional<c10::RegistrationHandleRAII> handle;
-    if (auto kept = kernels_.find(name); kept != kernels_.end()) {
-      handle.emplace(kept->second.register_for(op));  // resumed
-    } else if (auto registered = register_unboxed<UnboxedFallback>(op, op, name, UnboxedSignatures{})) {
-      handle.emplace(std::move(registered->registration));
-      kernels_.emplace(name, std::move(registered->kernel));
-    } else if (form) {
-      SharedKernel boxed(c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(), std::nullopt, std::nullopt,
-                         "max_device direct CPU fallback");
-      handle.emplace(boxed.register_for(op));
-      kernels_.emplace(name, std::move(boxed));
+    if (auto kept = kernels_.find(name); kept != kernels_.end()) {  // resumed
+      try {
+        handle.emplace(kept->second.register_for(op));
+      } catch (const c10::Error& e) {  // the library registered a conflicting signature: boxed fallback
+        log::debug("no fallback kernel resumed for " + name + ": " + e.what_without_backtrace());
+      }
+    } else {
+      auto made = register_unboxed<UnboxedFallback>(op, op, name, UnboxedSignatures{});
+      if (!made && form) {
+        made.emplace(register_kernel(SharedKernel(c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(),
+                                                  std::nullopt, std::nullopt, "max_device direct CPU fallback"),
+                                     op));
+      }
+      if (made) {
+        handle.emplace(std::move(made->registration));
+        kernels_.emplace(name, std::move(made->kernel));
+      }
     }
     if (handle) by_op_.emplace(name, Registration{op, std::move(*handle), form});
   }

@@ -52,4 +52,10 @@ struct RegisteredKernel {
   c10::RegistrationHandleRAII registration;
 };
 
+// Registers `kernel` for `op` (throws as SharedKernel::register_for).
+inline RegisteredKernel register_kernel(SharedKernel kernel, const c10::OperatorHandle& op) {
+  auto registration = kernel.register_for(op);
+  return {std::move(kernel), std::move(registration)};
+}
+
 }  // namespace maxdev::dispatch

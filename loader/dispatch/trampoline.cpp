@@ -150,11 +150,10 @@ RegisteredKernel register_trampoline(OpSlot* slot, bool* unboxed) {
     return std::move(*registered);
   }
   *unboxed = false;
-  SharedKernel kernel(c10::KernelFunction::makeFromBoxedKernel(
-                          c10::BoxedKernel::makeFromFunctor(std::make_unique<BoxedTrampoline>(slot))),
-                      std::nullopt, std::nullopt, "max_device boxed trampoline");
-  auto registration = kernel.register_for(slot->op);
-  return {std::move(kernel), std::move(registration)};
+  return register_kernel(SharedKernel(c10::KernelFunction::makeFromBoxedKernel(c10::BoxedKernel::makeFromFunctor(
+                                          std::make_unique<BoxedTrampoline>(slot))),
+                                      std::nullopt, std::nullopt, "max_device boxed trampoline"),
+                         slot->op);
 }
 
 }  // namespace maxdev::dispatch

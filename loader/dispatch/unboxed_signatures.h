@@ -104,9 +104,7 @@ std::optional<RegisteredKernel> register_unboxed(const c10::OperatorHandle& op, 
   auto attempt = [&](auto matches, auto make) {
     if (registered || !matches(target)) return;
     try {
-      SharedKernel kernel = make(target);
-      auto registration = kernel.register_for(op);
-      registered.emplace(RegisteredKernel{std::move(kernel), std::move(registration)});
+      registered.emplace(register_kernel(make(target), op));
     } catch (const c10::Error& e) {
       log::debug("no unboxed kernel for " + name + ": " + e.what_without_backtrace());
     }
