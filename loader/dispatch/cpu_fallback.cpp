@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/log.h"
 #include "device/allocator.h"
@@ -259,9 +260,14 @@ class CpuCall {
 
   // What the CPU kernel gets for tensor argument `t` (schema argument `arg`).
   at::Tensor pass(const at::Tensor& t, bool written, const c10::Argument& arg) {
+    return check(t, arg) ? scope_.to_cpu(t, written) : t;
+  }
+
+  // Notes the device of tensor argument `t`; whether it is a device tensor.
+  bool check(const at::Tensor& t, const c10::Argument& arg) {
     if (!is_device_tensor(t)) {
       if (t.defined() && t.device().is_cpu() && t.dim() > 0 && cpu_operand_ == nullptr) cpu_operand_ = &arg;
-      return t;
+      return false;
     }
     if (!aliased_) {
       device_ = t.device();
@@ -271,7 +277,7 @@ class CpuCall {
                   "Expected all tensors to be on the same device, but found at least two devices, ", device_, " and ",
                   t.device(), "! (in ", c10::toString(op_.operator_name()), ")");
     }
-    return scope_.to_cpu(t, written);
+    return true;
   }
 
   // After every argument: a CPU tensor among device tensors is an error
@@ -311,7 +317,7 @@ class CpuCall {
  private:
   const c10::OperatorHandle& op_;
   HostAliasScope scope_;
-  bool aliased_ = false;  // a device tensor was passed: device_ is the call's
+  bool aliased_ = false;  // a device tensor was checked: device_ is the call's
   c10::Device device_{device::kDeviceType};
   const c10::Argument* cpu_operand_ = nullptr;  // a CPU tensor that is not a 0-dim scalar
 };
@@ -380,10 +386,23 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, Cpu
 
 namespace {
 
-// The fallback of an op whose C++ signature is one of UnboxedSignatures,
-// called unboxed: the arguments stay C++ values, the CPU kernel is called
-// unboxed, no stack is allocated. What it computes, counts, checks and
-// throws is the boxed fallback's (run_cpu_kernel), which it shares.
+// The fused optimizers, whose CPU kernels read and write the tensors of
+// their lists only through data pointers (and item() for a step count): on
+// max_device tensors, which are host memory, they compute as on the CPU.
+// Their fallback passes the lists as they are, as a CUDA kernel gets them:
+// a step over a model's parameters aliased four lists of them one by one
+// (test_zero_copy checks every op of the list against the CPU).
+bool is_pointer_op(const c10::OperatorName& name) {
+  static const std::unordered_set<std::string> kPointerOps = {"aten::_fused_adam_", "aten::_fused_adamw_",
+                                                              "aten::_fused_sgd_", "aten::_fused_adagrad_"};
+  return kPointerOps.count(name.name) != 0;
+}
+
+// The fallback of an op whose C++ signature is one of UnboxedSignatures or
+// PointerSignatures, called unboxed: the arguments stay C++ values, the CPU
+// kernel is called unboxed, no stack is allocated. What it computes,
+// counts, checks and throws is the boxed fallback's (run_cpu_kernel), which
+// it shares.
 template <class Fn>
 class UnboxedFallback;
 
@@ -403,12 +422,17 @@ class UnboxedFallback<Ret(Args...)> final : public c10::OperatorKernel {
   // written argument (Tensor&).
   static bool matches(const c10::OperatorHandle& op) {
     if (!Sig::matches(op.schema())) return false;
-    const c10::AliasInfo* ret = op.schema().returns()[0].alias_info();
-    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+    if constexpr ((std::is_same_v<Args, at::TensorList> || ...)) {
+      if (!is_pointer_op(op.operator_name())) return false;  // its lists would need aliases
+    }
+    if constexpr (std::is_void_v<Ret>) {
+      return true;
+    } else if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      const c10::AliasInfo* ret = op.schema().returns()[0].alias_info();
       const c10::AliasInfo* written = op.schema().arguments()[Sig::kWrittenIndex].alias_info();
       return ret != nullptr && ret->isWrite() && ret->beforeSets() == written->beforeSets();
     } else {
-      return ret == nullptr;
+      return op.schema().returns()[0].alias_info() == nullptr;
     }
   }
 
@@ -428,7 +452,10 @@ class UnboxedFallback<Ret(Args...)> final : public c10::OperatorKernel {
     const auto cpu_kernel = [&](auto&... a) -> Ret {
       return cpu_.redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...);
     };
-    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+    if constexpr (std::is_void_v<Ret>) {
+      std::apply(cpu_kernel, cpu);
+      call.finish();
+    } else if constexpr (std::is_same_v<Ret, at::Tensor&>) {
       std::apply(cpu_kernel, cpu);
       call.finish();
       return std::get<Sig::kWrittenIndex>(std::forward_as_tuple(args...));
@@ -439,16 +466,24 @@ class UnboxedFallback<Ret(Args...)> final : public c10::OperatorKernel {
     }
   }
 
-  // A tensor argument's CPU alias is a tensor of its own; other arguments
-  // pass as they came.
+  // A tensor argument's CPU alias is a tensor of its own (an optional
+  // tensor's, an optional); a tensor list (a pointer op's) passes checked
+  // as it came, like the other arguments.
   template <class A>
-  using OnCpu = std::conditional_t<std::is_same_v<std::decay_t<A>, at::Tensor>, at::Tensor, A>;
+  using OnCpu = std::conditional_t<std::is_same_v<std::decay_t<A>, at::Tensor>, at::Tensor,
+                                   std::conditional_t<std::is_same_v<std::decay_t<A>, std::optional<at::Tensor>>,
+                                                      std::optional<at::Tensor>, A>>;
 
   template <class A>
   static OnCpu<A> pass(CpuCall& call, const std::remove_reference_t<A>& arg, bool written,
                        const c10::Argument& schema_arg) {
     if constexpr (std::is_same_v<std::decay_t<A>, at::Tensor>) {
       return call.pass(arg, written, schema_arg);
+    } else if constexpr (std::is_same_v<std::decay_t<A>, std::optional<at::Tensor>>) {
+      return arg.has_value() ? std::optional<at::Tensor>(call.pass(*arg, written, schema_arg)) : std::nullopt;
+    } else if constexpr (std::is_same_v<A, at::TensorList>) {
+      for (const at::Tensor& t : arg) call.check(t, schema_arg);
+      return arg;
     } else {
       return arg;
     }
@@ -460,7 +495,9 @@ class UnboxedFallback<Ret(Args...)> final : public c10::OperatorKernel {
     stack.reserve(sizeof...(Args));
     (stack.emplace_back(args), ...);
     fallback_kernel(op_, &stack);
-    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+    if constexpr (std::is_void_v<Ret>) {
+      return;
+    } else if constexpr (std::is_same_v<Ret, at::Tensor&>) {
       return std::get<Sig::kWrittenIndex>(std::forward_as_tuple(args...));
     } else {
       return std::move(stack[0]).toTensor();
@@ -609,7 +646,8 @@ class DirectFallbacks {
   }
 
  private:
-  // The fallback kernel of `op`: unboxed where its signature allows; else
+  // The fallback kernel of `op`: unboxed where its signature allows (a
+  // pointer op's too); else
   // boxed for a form, while an op that reaches the boxed fallback anyway
   // gets none.
   void add(const std::string& name, const c10::OperatorHandle& op, bool form) {
@@ -622,6 +660,9 @@ class DirectFallbacks {
       }
     } else {
       auto made = register_unboxed<UnboxedFallback>(op, op, name, UnboxedSignatures{});
+      if (!made && is_pointer_op(op.operator_name())) {
+        made = register_unboxed<UnboxedFallback>(op, op, name, PointerSignatures{});
+      }
       if (!made && form) {
         made.emplace(register_kernel(SharedKernel(c10::KernelFunction::makeFromBoxedFunction<&fallback_kernel>(),
                                                   std::nullopt, std::nullopt, "max_device direct CPU fallback"),

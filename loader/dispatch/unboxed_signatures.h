@@ -25,7 +25,8 @@ struct Signature;
 
 // What an unboxed kernel of C++ signature Ret(Args...) can tell from its
 // types: a `Tensor&` argument is written (in-place self, out=), and a
-// `Tensor&` return is that argument.
+// `Tensor&` return is that argument. A `void` op writes its tensor-list
+// arguments (the fused optimizers: PointerSignatures below).
 template <class Ret, class... Args>
 struct Signature<Ret(Args...)> {
   static constexpr std::array<bool, sizeof...(Args)> kWritten = {std::is_same_v<Args, at::Tensor&>...};
@@ -35,13 +36,16 @@ struct Signature<Ret(Args...)> {
     }
     return -1;
   }();
-  static_assert(std::is_same_v<Ret, at::Tensor> || (std::is_same_v<Ret, at::Tensor&> && kWrittenIndex >= 0));
+  static_assert(std::is_same_v<Ret, at::Tensor> || (std::is_same_v<Ret, at::Tensor&> && kWrittenIndex >= 0) ||
+                std::is_void_v<Ret>);
 
   // Whether the dispatcher would call a kernel of this signature for
-  // `schema`: the same types, a `Tensor&` for every written tensor, one
-  // return. (Whether the return aliases an argument is the caller's check.)
+  // `schema`: the same types, a `Tensor&` for every written tensor, the
+  // returns. (Whether a return aliases an argument is the caller's check.)
   static bool matches(const c10::FunctionSchema& schema) {
-    if (schema.arguments().size() != sizeof...(Args) || schema.returns().size() != 1) return false;
+    if (schema.arguments().size() != sizeof...(Args) || schema.returns().size() != (std::is_void_v<Ret> ? 0 : 1)) {
+      return false;
+    }
     if (c10::findSchemaDifferences(c10::inferFunctionSchemaFlattenedReturns<Ret(Args...)>(), schema)) {
       return false;
     }
@@ -49,7 +53,8 @@ struct Signature<Ret(Args...)> {
       const c10::Argument& a = schema.arguments()[i];
       // SymInts reach a kernel through a conversion the C++ signature hides.
       if (a.real_type()->str().find("SymInt") != std::string::npos) return false;
-      const bool written = a.alias_info() != nullptr && a.alias_info()->isWrite();
+      // A written tensor list is a `TensorList` like a read one.
+      const bool written = a.alias_info() != nullptr && a.alias_info()->isWrite() && !a.type()->castRaw<c10::ListType>();
       if (written != kWritten[i]) return false;
     }
     return true;
@@ -91,6 +96,28 @@ using UnboxedSignatures = SignatureList<
     Tensor&(const Tensor&, c10::string_view, Tensor&),                                               //
     Tensor(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&),               // addmm
     Tensor&(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&, Tensor&)>;
+
+using at::TensorList;
+using OptTensor = const std::optional<Tensor>&;
+
+// The fused optimizers (_fused_adam_, _fused_adamw_, _fused_sgd_,
+// _fused_adagrad_, with a float or a Tensor lr): one call per step over
+// every parameter, whose CPU kernels reach the tensors of their lists only
+// through data pointers. The fallback passes those lists as they are (no
+// CPU alias per tensor; cpu_fallback.cpp's kPointerOps).
+using PointerSignatures = SignatureList<
+    void(TensorList, TensorList, TensorList, TensorList, TensorList, TensorList, double, double, double, double,
+         double, bool, bool, OptTensor, OptTensor),  // adam, adamw
+    void(TensorList, TensorList, TensorList, TensorList, TensorList, TensorList, const Tensor&, double, double,
+         double, double, bool, bool, OptTensor, OptTensor),  // their tensor_lr
+    void(TensorList, TensorList, TensorList, double, double, double, double, bool, bool, bool, OptTensor,
+         OptTensor),  // sgd
+    void(TensorList, TensorList, TensorList, double, double, const Tensor&, double, bool, bool, bool, OptTensor,
+         OptTensor),  // its tensor_lr
+    void(TensorList, TensorList, TensorList, TensorList, double, double, double, double, bool, OptTensor,
+         OptTensor),  // adagrad
+    void(TensorList, TensorList, TensorList, TensorList, const Tensor&, double, double, double, bool, OptTensor,
+         OptTensor)>;  // its tensor_lr
 
 // Registers on PrivateUse1 the `Kernel<Fn>` of the first signature Fn in
 // the list that `Kernel<Fn>::matches(target)` (`Kernel<Fn>::make(target)`
