@@ -273,9 +273,9 @@ void binary_out(Call& call, fast::BinaryOp op, bool has_alpha) {
   const fast::Kernels& k = K(call);
   void* out_data = out.data_ptr();
 
-  // Runs rows [r0, r1), elements [c0, c1) of each.
+  // Runs rows [r0, r1), elements [c0, c1) of each. An operand of step 0 (a
+  // scalar, or broadcast along the row) passes as its float32 value.
   auto run = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    float buf[3][kBlock];
     for (int64_t r = r0; r < r1; ++r) {
       int64_t off[2] = {0, 0}, rem = r;
       for (int dd = nd - 2; dd >= 0; --dd) {
@@ -284,26 +284,22 @@ void binary_out(Call& call, fast::BinaryOp op, bool has_alpha) {
         off[0] += idx * st[0][dd];
         off[1] += idx * st[1][dd];
       }
-      if (d == Dt::f32) {
-        const float* pa = ops[0].data ? static_cast<const float*>(ops[0].data) + off[0] + c0 * step[0] : &ops[0].scalar;
-        const float* pb = ops[1].data ? static_cast<const float*>(ops[1].data) + off[1] + c0 * step[1] : &ops[1].scalar;
-        k.binary(op, pa, step[0], pb, step[1], alpha, static_cast<float*>(out_data) + r * inner + c0, c1 - c0);
-        continue;
+      const size_t size = d == Dt::f32 ? 4 : 2;
+      const char* p[2] = {nullptr, nullptr};
+      float scalar[2] = {ops[0].scalar, ops[1].scalar};
+      for (int o = 0; o < 2; ++o) {
+        if (!ops[o].data) continue;
+        const char* at = static_cast<const char*>(ops[o].data) + off[o] * size;
+        if (step[o] != 0) p[o] = at + c0 * size;
+        else scalar[o] = d == Dt::f32 ? *reinterpret_cast<const float*>(at) : bf16_value(*reinterpret_cast<const uint16_t*>(at));
       }
-      for (int64_t c = c0; c < c1; c += kBlock) {
-        const int64_t n = std::min(kBlock, c1 - c);
-        const float* v[2];
-        for (int o = 0; o < 2; ++o) {
-          if (!ops[o].data) v[o] = &ops[o].scalar;
-          else if (step[o] == 0) {
-            buf[o][0] = bf16_value(static_cast<const uint16_t*>(ops[o].data)[off[o]]);
-            v[o] = buf[o];
-          } else {
-            load_f32(k, ops[o].data, d, off[o] + c, n, buf[o], &v[o]);
-          }
-        }
-        k.binary(op, v[0], step[0], v[1], step[1], alpha, buf[2], n);
-        k.f32_to_bf16(buf[2], static_cast<uint16_t*>(out_data) + r * inner + c, n);
+      const int64_t at = r * inner + c0, n = c1 - c0;
+      if (d == Dt::f32) {
+        k.binary(op, reinterpret_cast<const float*>(p[0]), scalar[0], reinterpret_cast<const float*>(p[1]), scalar[1],
+                 alpha, static_cast<float*>(out_data) + at, n);
+      } else {
+        k.binary_bf16(op, reinterpret_cast<const uint16_t*>(p[0]), scalar[0], reinterpret_cast<const uint16_t*>(p[1]),
+                      scalar[1], alpha, static_cast<uint16_t*>(out_data) + at, n);
       }
     }
   };

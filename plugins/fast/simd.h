@@ -29,10 +29,13 @@ constexpr int64_t kGemmKC = 256;
 
 struct Kernels {
   const char* isa;
-  // out[i] = a[i * a_step] op alpha * b[i * b_step]; a step is 0 (a scalar
-  // operand) or 1. alpha applies to add and sub only.
-  void (*binary)(BinaryOp op, const float* a, int64_t a_step, const float* b, int64_t b_step,
-                 float alpha, float* out, int64_t n);
+  // out[i] = a[i] op alpha * b[i], where a null operand is its float32
+  // scalar (a_scalar, b_scalar). alpha applies to add and sub only.
+  void (*binary)(BinaryOp op, const float* a, float a_scalar, const float* b, float b_scalar, float alpha,
+                 float* out, int64_t n);
+  // The same over bfloat16, computed in float32 and rounded once.
+  void (*binary_bf16)(BinaryOp op, const uint16_t* a, float a_scalar, const uint16_t* b, float b_scalar,
+                      float alpha, uint16_t* out, int64_t n);
   void (*relu)(const float* in, float* out, int64_t n);
   // grad_in = x > threshold ? grad : 0 (threshold_backward).
   void (*threshold_backward)(const float* grad, const float* x, float threshold, float* out,

@@ -6,6 +6,7 @@
 // another copy by the linker.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -222,42 +223,95 @@ inline vf apply(vf a, vf b, float alpha) {
   return a;
 }
 
-template <BinaryOp Op>
-void binary_op(const float* a, int64_t as, const float* b, int64_t bs, float alpha, float* out,
-               int64_t n) {
-  // add/sub with alpha == 1 skip the multiply (exactly what the CPU computes).
-  const bool unit = alpha == 1.f;
-  for_vectors(out, n, [&](int64_t i, bool vec, bool stream) {
-    if (vec) {
-      const vf x = as != 0 ? load(a + i) : splat(a[0]);
-      const vf y = bs != 0 ? load(b + i) : splat(b[0]);
-      vf r;
-      if (unit && Op == BinaryOp::kAdd) r = x + y;
-      else if (unit && Op == BinaryOp::kSub) r = x - y;
-      else r = apply<Op>(x, y, alpha);
-      store_out(out + i, r, stream);
-    } else {
-      const float x = a[i * as], y = b[i * bs];
-      float r;
-      switch (Op) {
-        case BinaryOp::kAdd: r = unit ? x + y : x + alpha * y; break;
-        case BinaryOp::kSub: r = unit ? x - y : x - alpha * y; break;
-        case BinaryOp::kMul: r = x * y; break;
-        default: r = x / y; break;
-      }
-      out[i] = r;
-    }
-  });
+// bfloat16 element i of p as float32, and float32 rounded to bfloat16
+// (nearest even; NaN stays a quiet NaN), one value or a vector at a time.
+inline float to_f32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
-void binary(BinaryOp op, const float* a, int64_t as, const float* b, int64_t bs, float alpha,
-            float* out, int64_t n) {
-  switch (op) {
-    case BinaryOp::kAdd: return binary_op<BinaryOp::kAdd>(a, as, b, bs, alpha, out, n);
-    case BinaryOp::kSub: return binary_op<BinaryOp::kSub>(a, as, b, bs, alpha, out, n);
-    case BinaryOp::kMul: return binary_op<BinaryOp::kMul>(a, as, b, bs, alpha, out, n);
-    case BinaryOp::kDiv: return binary_op<BinaryOp::kDiv>(a, as, b, bs, alpha, out, n);
+inline uint16_t to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
+}
+
+typedef uint32_t vu __attribute__((vector_size(W * 4)));
+typedef uint16_t vh_u __attribute__((vector_size(W * 2), aligned(2)));
+
+inline vf load(const uint16_t* p) {
+  const vu bits = __builtin_convertvector(*reinterpret_cast<const vh_u*>(p), vu) << 16;
+  vf f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline void store(uint16_t* p, vf v) {
+  vu bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const vu quiet = (bits >> 16) | 0x40u;
+  const vu h = (bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+  *reinterpret_cast<vh_u*>(p) = __builtin_convertvector(h, vh_u);
+}
+
+inline float to_f32(float f) { return f; }
+
+// Element type T (float, or uint16_t holding bfloat16) computed in float32:
+// out[i] = a[i] op alpha * b[i], a null operand being its float32 scalar.
+template <BinaryOp Op, class T>
+void binary_op(const T* a, float a_scalar, const T* b, float b_scalar, float alpha, T* out, int64_t n) {
+  // add/sub with alpha == 1 skip the multiply (exactly what the CPU computes).
+  const bool unit = alpha == 1.f;
+  auto compute = [&](auto x, auto y) {
+    if (unit && Op == BinaryOp::kAdd) return x + y;
+    if (unit && Op == BinaryOp::kSub) return x - y;
+    switch (Op) {
+      case BinaryOp::kAdd: return x + alpha * y;
+      case BinaryOp::kSub: return x - alpha * y;
+      case BinaryOp::kMul: return x * y;
+      default: return x / y;
+    }
+  };
+  auto element = [&](int64_t i) {
+    const float r = compute(a ? to_f32(a[i]) : a_scalar, b ? to_f32(b[i]) : b_scalar);
+    if constexpr (std::is_same_v<T, float>) out[i] = r;
+    else out[i] = to_bf16(r);
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    for_vectors(out, n, [&](int64_t i, bool vec, bool stream) {
+      if (!vec) return element(i);
+      store_out(out + i, compute(a ? load(a + i) : splat(a_scalar), b ? load(b + i) : splat(b_scalar)), stream);
+    });
+  } else {
+    int64_t i = 0;
+    for (; i + W <= n; i += W) store(out + i, compute(a ? load(a + i) : splat(a_scalar), b ? load(b + i) : splat(b_scalar)));
+    for (; i < n; ++i) element(i);
   }
+}
+
+template <class T>
+void binary_t(BinaryOp op, const T* a, float a_scalar, const T* b, float b_scalar, float alpha, T* out, int64_t n) {
+  switch (op) {
+    case BinaryOp::kAdd: return binary_op<BinaryOp::kAdd>(a, a_scalar, b, b_scalar, alpha, out, n);
+    case BinaryOp::kSub: return binary_op<BinaryOp::kSub>(a, a_scalar, b, b_scalar, alpha, out, n);
+    case BinaryOp::kMul: return binary_op<BinaryOp::kMul>(a, a_scalar, b, b_scalar, alpha, out, n);
+    case BinaryOp::kDiv: return binary_op<BinaryOp::kDiv>(a, a_scalar, b, b_scalar, alpha, out, n);
+  }
+}
+
+void binary(BinaryOp op, const float* a, float a_scalar, const float* b, float b_scalar, float alpha, float* out,
+            int64_t n) {
+  binary_t(op, a, a_scalar, b, b_scalar, alpha, out, n);
+}
+
+void binary_bf16(BinaryOp op, const uint16_t* a, float a_scalar, const uint16_t* b, float b_scalar, float alpha,
+                 uint16_t* out, int64_t n) {
+  binary_t(op, a, a_scalar, b, b_scalar, alpha, out, n);
 }
 
 void relu(const float* in, float* out, int64_t n) {
@@ -532,21 +586,15 @@ void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, i
 }
 
 void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
-    std::memcpy(out + i, &bits, 4);
-  }
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(out + i, load(in + i));
+  for (; i < n; ++i) out[i] = to_f32(in[i]);
 }
 
 void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, in + i, 4);
-    // round to nearest even; NaN stays a (quiet) NaN
-    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    out[i] = static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
-  }
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(out + i, load(in + i));
+  for (; i < n; ++i) out[i] = to_bf16(in[i]);
 }
 
 // C tile (+)= alpha * A_panel (k x MR, MR floats per k) * B_panel (k x NR),
@@ -606,7 +654,7 @@ void gemm_tile(int64_t k, const float* a, const float* b, float* c, int64_t ldc,
 }  // namespace
 
 const Kernels kTable = {
-    FAST_ISA_NAME, binary, relu, threshold_backward, gelu, gelu_backward, sum, accumulate, scale,
+    FAST_ISA_NAME, binary, binary_bf16, relu, threshold_backward, gelu, gelu_backward, sum, accumulate, scale,
     softmax, softmax_backward, layer_norm, layer_norm_backward, adamw, bf16_to_f32, f32_to_bf16,
     gemm_tile,
 };

@@ -127,6 +127,30 @@ def test_bfloat16_is_served_and_rounded_once(fast):
 
 
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_bfloat16_broadcasts_and_special_values_match_the_cpu(fast, op):
+    """Rows, columns and a 0-dim tensor broadcast over lengths with a vector
+    tail; NaN, infinities, rounding ties and values past bfloat16's range."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(9, 37, generator=g) * 100).bfloat16()
+    x[0, :6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3.3895e38])
+    x[1, :3] = torch.tensor([1.00390625, 1.01171875, -1.00390625]).bfloat16()  # ties, once added to 1/256
+    f = getattr(torch, op)
+    # No alpha: the CPU's bfloat16 kernel rounds alpha * b to bfloat16 in its
+    # scalar tail (BFloat16 operators) but not in its vector body, so its
+    # results depend on where its own loop's tail falls.
+    kwargs = {}
+    others = {"row": torch.randn(37, generator=g).bfloat16(), "column": torch.randn(9, 1, generator=g).bfloat16(),
+              "0-dim": torch.tensor(1 / 256).bfloat16(), "same": x.flip(1)}
+    calls = op_stats(f"aten::{op}.out")[0]
+    for name, y in others.items():
+        got = f(x.to(DEVICE), y.to(DEVICE), **kwargs).cpu()
+        torch.testing.assert_close(got, f(x, y, **kwargs), rtol=0, atol=0, equal_nan=True, msg=name)
+        got = f(y.to(DEVICE), x.to(DEVICE), **kwargs).cpu()
+        torch.testing.assert_close(got, f(y, x, **kwargs), rtol=0, atol=0, equal_nan=True, msg=name)
+    assert op_stats(f"aten::{op}.out")[0] == calls + 2 * len(others)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
 def test_bfloat16_with_a_python_number_rounds_it_as_the_cpu_does(fast, op):
     # The CPU rounds the number to bfloat16 for add and sub and for a number
     # first operand, and keeps it in float32 as mul's or div's second: 0.9189
