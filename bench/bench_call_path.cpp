@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
       auto entry = reinterpret_cast<maxdev_plugin_entry_fn>(dlsym(lib, MAXDEV_ENTRY_SYMBOL));
       if (entry == nullptr) throw std::runtime_error("no entry point");
       const maxdev_host_api host{sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR,
-                                 no_alloc, record_error, ignore_log, nullptr, nullptr};
+                                 no_alloc, record_error, ignore_log, nullptr, nullptr, nullptr};
       const maxdev_plugin_def* def = nullptr;
       if (entry(&host, &def) != MAXDEV_OK) throw std::runtime_error("entry refused");
       maxdev_kernel_fn fn = nullptr;

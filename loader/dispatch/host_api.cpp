@@ -160,9 +160,13 @@ void parallel_for(maxdev_host_context* /*ctx*/, int64_t begin, int64_t end, int6
                    [body, user](int64_t b, int64_t e) { body(user, b, e); });
 }
 
+int32_t num_threads(maxdev_host_context* /*ctx*/) {
+  return at::in_parallel_region() ? 1 : static_cast<int32_t>(at::get_num_threads());
+}
+
 const maxdev_host_api kHostApi = {
     sizeof(maxdev_host_api), MAXDEV_ABI_MAJOR, MAXDEV_ABI_MINOR, &alloc_output, &set_error, &log_message,
-    &resize_output, &parallel_for,
+    &resize_output, &parallel_for, &num_threads,
 };
 
 }  // namespace

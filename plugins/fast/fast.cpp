@@ -870,7 +870,7 @@ void fused_adamw(Call& call) {
 // ---------------------------------------------------------------------------
 // GEMM (float32): C[b] (+)= alpha * A[b] @ B[b] with A, B of any strides
 // (packed into panels), C contiguous. Tasks are (batch, row block, column
-// block) blocks of C, at most 192 x 512 and near-equal in size.
+// block) blocks of C, at most 192 x 512, near-equal, and enough for every thread.
 
 struct Matrix {
   const float* data;
@@ -918,19 +918,52 @@ void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int6
   }
 }
 
-// Splits `extent` rows (or columns) into `blocks` near-equal blocks, each a
-// whole number of `unit`s (a register tile) except the last: equal tasks
-// keep every thread busy to the end (1024 rows as 192-row blocks left one
-// thread 12% more work than the other).
+// Splits `extent` rows (or columns) into at most `blocks` near-equal
+// blocks, each a whole number of `unit`s (a register tile) except the last:
+// equal tasks keep every thread busy to the end (1024 rows as 192-row
+// blocks left one thread 12% more work than the other).
 struct Blocking {
   int64_t blocks, size;
-  Blocking(int64_t extent, int64_t max_size, int64_t unit) {
-    blocks = std::max<int64_t>(1, (extent + max_size - 1) / max_size);
+  Blocking(int64_t extent, int64_t max_blocks, int64_t unit) {
     const int64_t units = (extent + unit - 1) / unit;
-    size = (units + blocks - 1) / blocks * unit;
+    size = (units + max_blocks - 1) / max_blocks * unit;
     blocks = std::max<int64_t>(1, (extent + size - 1) / size);
   }
 };
+
+int64_t blocks_of(int64_t extent, int64_t max_size) { return std::max<int64_t>(1, (extent + max_size - 1) / max_size); }
+
+struct GemmBlocks {
+  Blocking m, n;
+};
+
+// Blocks of C no larger than the caches allow, split further until the
+// tasks divide among the threads within an eighth (parallel_for gives each
+// thread ceil(tasks / threads) of them: a 64 x 192 product was one task, on
+// one of two threads; 512 x 256 was three). A split repacks the other
+// operand once per block, so the dimension whose other operand is smaller
+// is split: N (A repacked) when M <= N, else M (B repacked).
+GemmBlocks gemm_blocks(int64_t batch, int64_t M, int64_t N, int threads) {
+  constexpr int64_t MR = fast::kGemmMR, NR = fast::kGemmNR;
+  int64_t mb = blocks_of(M, kGemmMC), nb = blocks_of(N, kGemmNC);
+  GemmBlocks g{Blocking(M, mb, MR), Blocking(N, nb, NR)};
+  const int64_t m_units = blocks_of(M, MR), n_units = blocks_of(N, NR);
+  for (;;) {
+    const int64_t tasks = batch * g.m.blocks * g.n.blocks;
+    const int64_t per_thread = (tasks + threads - 1) / threads;
+    if (per_thread * threads * 8 <= tasks * 9) return g;
+    const bool split_n = n_units > g.n.blocks && (M <= N || m_units <= g.m.blocks);
+    if (split_n) {
+      while (Blocking(N, ++nb, NR).blocks == g.n.blocks) {}
+      g.n = Blocking(N, nb, NR);
+    } else if (m_units > g.m.blocks) {
+      while (Blocking(M, ++mb, MR).blocks == g.m.blocks) {}
+      g.m = Blocking(M, mb, MR);
+    } else {
+      return g;  // one register tile per task: nothing left to split
+    }
+  }
+}
 
 // GotoBLAS's loop order. Tasks run with the row block varying fastest, so
 // a thread's range of tasks is runs of blocks sharing one column block:
@@ -944,7 +977,7 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
     return;
   }
   const fast::Kernels& k = K(call);
-  const Blocking mblock(M, kGemmMC, fast::kGemmMR), nblock(N, kGemmNC, fast::kGemmNR);
+  const auto [mblock, nblock] = gemm_blocks(batch, M, N, call.num_threads());
   // Panels sized to this product, not to the largest block, and left
   // uninitialized (packing writes every element read): a small GEMM (an
   // attention head's bmm) must not pay for zeroing or mapping 350 KiB.

@@ -107,7 +107,7 @@ FROZEN(maxdev_value, u.bool_list.data, 8, 8);
 FROZEN(maxdev_value, u.bool_list.size, 16, 8);
 
 // --- maxdev_host_api -------------------------------------------------------
-static_assert(sizeof(maxdev_host_api) == 56 && alignof(maxdev_host_api) == 8,
+static_assert(sizeof(maxdev_host_api) == 64 && alignof(maxdev_host_api) == 8,
               "maxdev_host_api (a new minor appends: update the total, keep the fields)");
 FROZEN(maxdev_host_api, struct_size, 0, 8);
 FROZEN(maxdev_host_api, abi_major, 8, 4);
@@ -119,6 +119,8 @@ FROZEN(maxdev_host_api, log, 32, 8);
 FROZEN(maxdev_host_api, resize_output, 40, 8);
 // 1.2
 FROZEN(maxdev_host_api, parallel_for, 48, 8);
+// 1.4
+FROZEN(maxdev_host_api, num_threads, 56, 8);
 
 // --- maxdev_call -----------------------------------------------------------
 static_assert(sizeof(maxdev_call) == 56 && alignof(maxdev_call) == 8, "maxdev_call");
@@ -195,6 +197,8 @@ static_assert(std::is_same_v<decltype(maxdev_host_api::parallel_for),
                              void (*)(maxdev_host_context*, int64_t, int64_t, int64_t,
                                       void (*)(void*, int64_t, int64_t), void*)>,
               "parallel_for signature");
+static_assert(std::is_same_v<decltype(maxdev_host_api::num_threads), int32_t (*)(maxdev_host_context*)>,
+              "num_threads signature");
 static_assert(std::is_same_v<decltype(maxdev_kernel_def::meta), maxdev_kernel_fn>,
               "meta signature");
 static_assert(std::is_same_v<decltype(maxdev_plugin_def::init),

@@ -257,5 +257,27 @@ TEST(HostApi, ParallelForRunsOnTorchsThreads) {
   at::set_num_threads(before);
 }
 
+// num_threads (ABI 1.4) is the count parallel_for splits a range into from
+// the calling thread: torch's thread count outside a parallel region, 1 inside.
+TEST(HostApi, NumThreadsIsWhatParallelForUses) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "OpenMP workers under TSan";  // as ParallelForRunsOnTorchsThreads
+#endif
+  const maxdev_host_api* host = dispatch::host_api();
+  ASSERT_TRUE(MAXDEV_HOST_HAS(host, num_threads));
+  const int before = at::get_num_threads();
+  for (int threads : {1, 2, 3}) {
+    at::set_num_threads(threads);
+    EXPECT_EQ(host->num_threads(nullptr), threads);
+  }
+  at::set_num_threads(2);
+  std::atomic<int> inside{-1};
+  host->parallel_for(nullptr, 0, 2, 1, [](void* user, int64_t, int64_t) {
+    static_cast<std::atomic<int>*>(user)->store(dispatch::host_api()->num_threads(nullptr));
+  }, &inside);
+  EXPECT_EQ(inside.load(), 1);
+  at::set_num_threads(before);
+}
+
 }  // namespace
 }  // namespace maxdev::testing

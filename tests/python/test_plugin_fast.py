@@ -189,21 +189,28 @@ def test_softmax_of_extreme_rows_matches_the_cpu(fast, name, cols):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-6, equal_nan=True)
 
 
+# (M, K, N): past one block each way (row blocks of <= 192, column blocks of
+# <= 512, K slices of 256); one block of rows, which more threads split by
+# columns; three blocks of rows and one of columns, which two threads split
+# into four by rows. Every one has edge tiles.
+GEMM_SHAPES = {"many blocks": (403, 701, 1100), "few rows": (64, 300, 200), "few columns": (500, 260, 250)}
+
+
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
 @pytest.mark.parametrize("case", ["mm", "mm transposed", "addmm", "bmm"])
 def test_gemm_over_many_blocks_is_within_float32s_error_bound(load_plugin, plugin_file, monkeypatch, isa, threads,
-                                                              case):
-    # Shapes past one block each way (row blocks of <= 192, column blocks of
-    # <= 512, K slices of 256), with edge tiles; checked against float64
-    # with the bound on a K-term float32 dot product: K * eps * (|A| @ |B|).
-    # Each instruction set's tile runs in its own passes of rows (12, 3, 1).
+                                                              shape, case):
+    # Checked against float64 with the bound on a K-term float32 dot
+    # product: K * eps * (|A| @ |B|). Each instruction set's tile runs in its
+    # own passes of rows (12, 3, 1).
     if not cpu_has(*ISAS[isa]):
         pytest.skip(f"this CPU has no {isa}")
     monkeypatch.setenv("MAX_DEVICE_FAST_ISA", isa)
     load_plugin(plugin_file("fast"))
     g = torch.Generator().manual_seed(4)
-    M, K, N = 403, 701, 1100
+    M, K, N = GEMM_SHAPES[shape]
     batch = 3 if case == "bmm" else 1
     a = torch.randn(batch, M, K, generator=g)
     b = torch.randn(batch, K, N, generator=g)

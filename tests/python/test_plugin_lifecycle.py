@@ -114,7 +114,7 @@ def test_list_plugins_fields(load_plugin, plugin_file):
     for p in (plugin, listed, max_device.get_plugin("reference")):
         assert p.name == "reference"
         assert p.version == "1.0.0"
-        assert p.abi == "1.3"
+        assert p.abi == "1.4"
         assert p.path == path
         assert p.sha256 == _sha256(path)
         assert os.path.isfile(p.snapshot) and os.path.realpath(p.snapshot) != os.path.realpath(path)

@@ -66,7 +66,7 @@ def test_list_ops_filters_by_plugin(load_plugin, plugin_file, fixture_file):
 def test_inspect_fields_and_str(plugin_file):
     m = max_device.inspect(plugin_file("sdk_example"))
     assert isinstance(m, max_device.Manifest)
-    assert (m.name, m.version, m.abi) == ("sdk_example", "1.0.0", "1.3")
+    assert (m.name, m.version, m.abi) == ("sdk_example", "1.0.0", "1.4")
     assert m.exported_symbols == ["maxdev_plugin_entry"]
     assert [k.op for k in m.kernels] == ["myplug::rms_norm", "myplug::swiglu", "myplug::swiglu_backward",
                                          "aten::silu.out"]
@@ -76,7 +76,7 @@ def test_inspect_fields_and_str(plugin_file):
     assert rms.dtypes != 0 and silu.dtypes == rms.dtypes != swiglu.dtypes  # float32; float32 | float64
     assert rms.flags != 0
     text = str(m)
-    assert text.splitlines()[0] == "sdk_example 1.0.0 (plugin ABI 1.3), 4 kernels"
+    assert text.splitlines()[0] == "sdk_example 1.0.0 (plugin ABI 1.4), 4 kernels"
     # each kernel's declared dtypes and flags
     assert ("  myplug::rms_norm  [float32; contiguous_only,no_cpu_tensors]  defines: "
             "myplug::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor") in text
@@ -90,7 +90,7 @@ def test_cli_inspect(plugin_file):
     result = run_cli("inspect", plugin_file("reference"))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.startswith("reference 1.0.0 (plugin ABI 1.3), 22 kernels")
+    assert out.startswith("reference 1.0.0 (plugin ABI 1.4), 22 kernels")
     for op in ("aten::add.out", "aten::mm.out", "reference::version"):
         assert f"  {op}" in out
 

@@ -39,7 +39,7 @@ extern "C" {
  * ------------------------------------------------------------------------- */
 
 #define MAXDEV_ABI_MAJOR 1
-#define MAXDEV_ABI_MINOR 3
+#define MAXDEV_ABI_MINOR 4
 
 /* The one symbol a plugin exports. */
 #define MAXDEV_ENTRY_SYMBOL "maxdev_plugin_entry"
@@ -223,12 +223,22 @@ typedef struct maxdev_host_api {
    * return when all have finished. No subrange is shorter than `grain`
    * (except the last); a range of at most `grain` elements, or a call from
    * inside a parallel region, runs on the calling thread. The body runs
-   * concurrently with itself, must not call the host's other functions and
-   * must not unwind (C++ exceptions stay inside it). */
+   * concurrently with itself, must not call the host's other functions
+   * (num_threads excepted) and must not unwind (C++ exceptions stay inside
+   * it). */
   void (*parallel_for)(maxdev_host_context* ctx, int64_t begin, int64_t end,
                        int64_t grain,
                        void (*body)(void* user, int64_t begin, int64_t end),
                        void* user);
+
+  /* ABI 1.4 (check MAXDEV_HOST_HAS(host, num_threads) first).
+   * How many threads a parallel_for from the calling thread may run on:
+   * torch.get_num_threads(), or 1 inside a parallel region (a parallel_for
+   * body included: its parallel_for runs serially). A range split
+   * into a multiple of this many equal tasks keeps every thread busy to
+   * the end; parallel_for gives each thread one contiguous run of
+   * ceil(tasks / num_threads) of them. */
+  int32_t (*num_threads)(maxdev_host_context* ctx);
 } maxdev_host_api;
 
 /* Whether the host's function table has `field` (a function added in a

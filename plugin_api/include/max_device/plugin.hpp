@@ -396,6 +396,12 @@ class Call {
     if (job.error) std::rethrow_exception(job.error);
   }
 
+  // Threads a parallel_for from here may use (ABI 1.4; 1 on an older host,
+  // whose parallel_for may still use more).
+  int num_threads() const {
+    return MAXDEV_HOST_HAS(c_->host, num_threads) ? std::max(1, c_->host->num_threads(c_->ctx)) : 1;
+  }
+
   // Log through the host's logger (MAXDEV_LOG_*).
   void log(int32_t level, const std::string& message) const {
     if (c_->host->log != nullptr) c_->host->log(c_->ctx, level, message.c_str());
