@@ -883,38 +883,48 @@ constexpr int64_t kGemmNC = 16 * fast::kGemmNR;
 
 // B[k0 : k0+kc, n0 : n0+nc] as panels of kGemmNR columns (k-major inside a
 // panel), zero-padded; reads along whichever dimension is contiguous.
-void pack_b(const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* out) {
+void pack_b(const fast::Kernels& k, const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int64_t nc,
+            float* out) {
   constexpr int64_t NR = fast::kGemmNR;
   for (int64_t j0 = 0; j0 < nc; j0 += NR) {
     const int64_t nr = std::min(NR, nc - j0);
     float* panel = out + j0 * kc;
     const float* src = B.data + b * B.sb + k0 * B.sr + (n0 + j0) * B.sc;
-    if (B.sc == 1) {
-      for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * NR, src + p * B.sr, static_cast<size_t>(nr) * 4);
-    } else {  // a transposed operand: the panel is written in order, its columns read as streams
-      for (int64_t p = 0; p < kc; ++p)
-        for (int64_t j = 0; j < nr; ++j) panel[p * NR + j] = src[j * B.sc + p * B.sr];
+    if (B.sr == 1 && B.sc != 1) {  // a transposed operand: its columns are rows of memory
+      k.pack_transposed(src, B.sc, nr, kc, NR, panel);
+      continue;
     }
-    if (nr < NR)
-      for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * NR + nr, panel + (p + 1) * NR, 0.f);
+    for (int64_t p = 0; p < kc; ++p) {
+      if (B.sc == 1) {
+        std::memcpy(panel + p * NR, src + p * B.sr, static_cast<size_t>(nr) * 4);
+      } else {
+        for (int64_t j = 0; j < nr; ++j) panel[p * NR + j] = src[j * B.sc + p * B.sr];
+      }
+      std::fill(panel + p * NR + nr, panel + (p + 1) * NR, 0.f);
+    }
   }
 }
 
 // A[m0 : m0+mc, k0 : k0+kc] as panels of kGemmMR rows, zero-padded.
-void pack_a(const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int64_t kc, float* out) {
+void pack_a(const fast::Kernels& k, const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int64_t kc,
+            float* out) {
   constexpr int64_t MR = fast::kGemmMR;
   for (int64_t i0 = 0; i0 < mc; i0 += MR) {
     const int64_t mr = std::min(MR, mc - i0);
     float* panel = out + i0 * kc;
     const float* src = A.data + b * A.sb + (m0 + i0) * A.sr + k0 * A.sc;
-    if (A.sr == 1) {  // column-major (a transposed operand)
-      for (int64_t p = 0; p < kc; ++p) std::memcpy(panel + p * MR, src + p * A.sc, static_cast<size_t>(mr) * 4);
-    } else {  // row-major: the panel is written in order, its rows read as streams
-      for (int64_t p = 0; p < kc; ++p)
-        for (int64_t r = 0; r < mr; ++r) panel[p * MR + r] = src[r * A.sr + p * A.sc];
+    if (A.sc == 1 && A.sr != 1) {  // row-major
+      k.pack_transposed(src, A.sr, mr, kc, MR, panel);
+      continue;
     }
-    if (mr < MR)
-      for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * MR + mr, panel + (p + 1) * MR, 0.f);
+    for (int64_t p = 0; p < kc; ++p) {
+      if (A.sr == 1) {  // column-major (a transposed operand)
+        std::memcpy(panel + p * MR, src + p * A.sc, static_cast<size_t>(mr) * 4);
+      } else {
+        for (int64_t r = 0; r < mr; ++r) panel[p * MR + r] = src[r * A.sr + p * A.sc];
+      }
+      std::fill(panel + p * MR + mr, panel + (p + 1) * MR, 0.f);
+    }
   }
 }
 
@@ -994,10 +1004,10 @@ void gemm(const Call& call, int64_t batch, int64_t M, int64_t N, int64_t Kd, con
       float* Cb = C + b * M * N;
       for (int64_t k0 = 0; k0 < Kd; k0 += fast::kGemmKC) {
         const int64_t kc = std::min(fast::kGemmKC, Kd - k0);
-        pack_b(B, b, k0, kc, n0, nc, bpack.get());
+        pack_b(k, B, b, k0, kc, n0, nc, bpack.get());
         for (int64_t t = run; t < run_end; ++t) {
           const int64_t m0 = (t % mblock.blocks) * mblock.size, mc = std::min(mblock.size, M - m0);
-          pack_a(A, b, m0, mc, k0, kc, apack.get());
+          pack_a(k, A, b, m0, mc, k0, kc, apack.get());
           for (int64_t j0 = 0; j0 < nc; j0 += fast::kGemmNR) {
             for (int64_t i0 = 0; i0 < mc; i0 += fast::kGemmMR) {
               k.gemm_tile(kc, apack.get() + i0 * kc, bpack.get() + j0 * kc, Cb + (m0 + i0) * N + n0 + j0, N,

@@ -67,6 +67,9 @@ struct Kernels {
                 const AdamWStep& c);
   void (*bf16_to_f32)(const uint16_t* in, float* out, int64_t n);
   void (*f32_to_bf16)(const float* in, uint16_t* out, int64_t n);
+  // panel[p * width + r] = src[r * ld + p] for r < rows, p < k; zero for
+  // rows <= r < width (a row-major A block, or a transposed B, as panels).
+  void (*pack_transposed)(const float* src, int64_t ld, int64_t rows, int64_t k, int64_t width, float* panel);
   // C[mr x nr] (+)= alpha * A_panel * B_panel over k, for packed panels
   // (A: k x MR, B: k x NR); `add`: accumulate into C, else overwrite.
   void (*gemm_tile)(int64_t k, const float* a_panel, const float* b_panel, float* c, int64_t ldc,
