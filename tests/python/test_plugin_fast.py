@@ -225,13 +225,18 @@ def test_gemm_over_many_blocks_is_within_float32s_error_bound(load_plugin, plugi
     }[case]
     op = {"mm transposed": "aten::mm.out", "bmm": "aten::bmm.out", "addmm": "aten::addmm.out"}.get(case, "aten::mm.out")
     before_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    on_device = [t.to(DEVICE) for t in (a, b, c)]
     try:
         calls = op_stats(op)[0]
-        got = run(*(t.to(DEVICE) for t in (a, b, c))).cpu().double()
+        torch.set_num_threads(threads)
+        got = run(*on_device).cpu().double()
+        torch.set_num_threads(1)
+        one_thread = run(*on_device).cpu().double()
     finally:
         torch.set_num_threads(before_threads)
-    assert op_stats(op)[0] == calls + 1, "the plugin's GEMM did not run"
+    assert op_stats(op)[0] == calls + 2, "the plugin's GEMM did not run"
+    # The blocks change with the thread count, each element's sum does not.
+    assert torch.equal(got, one_thread)
     exact = run(a.double(), b.double(), c.double())
     scale = 2 if case == "addmm" else 1
     bound = (K + 2) * torch.finfo(torch.float32).eps * (scale * run(a.double().abs(), b.double().abs(), c.double().abs()))
