@@ -881,51 +881,41 @@ struct Matrix {
 constexpr int64_t kGemmMC = 16 * fast::kGemmMR;
 constexpr int64_t kGemmNC = 16 * fast::kGemmNR;
 
-// B[k0 : k0+kc, n0 : n0+nc] as panels of kGemmNR columns (k-major inside a
-// panel), zero-padded; reads along whichever dimension is contiguous.
-void pack_b(const fast::Kernels& k, const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int64_t nc,
-            float* out) {
-  constexpr int64_t NR = fast::kGemmNR;
-  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
-    const int64_t nr = std::min(NR, nc - j0);
-    float* panel = out + j0 * kc;
-    const float* src = B.data + b * B.sb + k0 * B.sr + (n0 + j0) * B.sc;
-    if (B.sr == 1 && B.sc != 1) {  // a transposed operand: its columns are rows of memory
-      k.pack_transposed(src, B.sc, nr, kc, NR, panel);
+// `rows` lines of a block (line r, element p at src[r * line_stride + p *
+// k_stride]) as k-major panels of `width` lines, zero-padded: B's columns
+// as panels of kGemmNR, A's rows as panels of kGemmMR. Reads along
+// whichever dimension is contiguous.
+void pack_panels(const fast::Kernels& k, const float* src, int64_t line_stride, int64_t k_stride, int64_t lines,
+                 int64_t kc, int64_t width, float* out) {
+  for (int64_t l0 = 0; l0 < lines; l0 += width) {
+    const int64_t n = std::min(width, lines - l0);
+    float* panel = out + l0 * kc;
+    const float* block = src + l0 * line_stride;
+    if (k_stride == 1 && line_stride != 1) {  // lines are rows of memory: transposed in registers
+      k.pack_transposed(block, line_stride, n, kc, width, panel);
       continue;
     }
     for (int64_t p = 0; p < kc; ++p) {
-      if (B.sc == 1) {
-        std::memcpy(panel + p * NR, src + p * B.sr, static_cast<size_t>(nr) * 4);
+      if (line_stride == 1) {
+        std::memcpy(panel + p * width, block + p * k_stride, static_cast<size_t>(n) * 4);
       } else {
-        for (int64_t j = 0; j < nr; ++j) panel[p * NR + j] = src[j * B.sc + p * B.sr];
+        for (int64_t j = 0; j < n; ++j) panel[p * width + j] = block[j * line_stride + p * k_stride];
       }
-      std::fill(panel + p * NR + nr, panel + (p + 1) * NR, 0.f);
+      std::fill(panel + p * width + n, panel + (p + 1) * width, 0.f);
     }
   }
 }
 
-// A[m0 : m0+mc, k0 : k0+kc] as panels of kGemmMR rows, zero-padded.
+// B[k0 : k0+kc, n0 : n0+nc] as panels of kGemmNR columns.
+void pack_b(const fast::Kernels& k, const Matrix& B, int64_t b, int64_t k0, int64_t kc, int64_t n0, int64_t nc,
+            float* out) {
+  pack_panels(k, B.data + b * B.sb + k0 * B.sr + n0 * B.sc, B.sc, B.sr, nc, kc, fast::kGemmNR, out);
+}
+
+// A[m0 : m0+mc, k0 : k0+kc] as panels of kGemmMR rows.
 void pack_a(const fast::Kernels& k, const Matrix& A, int64_t b, int64_t m0, int64_t mc, int64_t k0, int64_t kc,
             float* out) {
-  constexpr int64_t MR = fast::kGemmMR;
-  for (int64_t i0 = 0; i0 < mc; i0 += MR) {
-    const int64_t mr = std::min(MR, mc - i0);
-    float* panel = out + i0 * kc;
-    const float* src = A.data + b * A.sb + (m0 + i0) * A.sr + k0 * A.sc;
-    if (A.sc == 1 && A.sr != 1) {  // row-major
-      k.pack_transposed(src, A.sr, mr, kc, MR, panel);
-      continue;
-    }
-    for (int64_t p = 0; p < kc; ++p) {
-      if (A.sr == 1) {  // column-major (a transposed operand)
-        std::memcpy(panel + p * MR, src + p * A.sc, static_cast<size_t>(mr) * 4);
-      } else {
-        for (int64_t r = 0; r < mr; ++r) panel[p * MR + r] = src[r * A.sr + p * A.sc];
-      }
-      std::fill(panel + p * MR + mr, panel + (p + 1) * MR, 0.f);
-    }
-  }
+  pack_panels(k, A.data + b * A.sb + m0 * A.sr + k0 * A.sc, A.sr, A.sc, mc, kc, fast::kGemmMR, out);
 }
 
 // Splits `extent` rows (or columns) into at most `blocks` near-equal

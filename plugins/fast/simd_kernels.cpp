@@ -631,7 +631,7 @@ inline void transpose_lanes(const vf in[4], vf out[4]) {
 // k-major panels gemm_tile reads. Four rows at a time are read a vector at
 // a time and transposed in registers, each 4 x 4 square stored as four
 // 16-byte runs of the panel: a tenth of the scalar copy's loads and a
-// quarter of its stores (packing was a fifth of a 256 x 256 x 64 GEMM).
+// quarter of its stores (packing was a quarter of a 256 x 256 x 64 GEMM).
 void pack_transposed(const float* src, int64_t ld, int64_t rows, int64_t k, int64_t width, float* panel) {
   typedef float v4 __attribute__((vector_size(16), aligned(4)));
   int64_t r = 0;
