@@ -3,6 +3,7 @@
 //
 //   bench_call_path plugin <libreference.so>   at::add on max_device, plugin kernel via the loader
 //   bench_call_path native <libbench_native_add.so>  at::add on max_device, TORCH_LIBRARY_IMPL kernel
+//   bench_call_path fallback                   at::add on max_device, no kernel: the zero-copy CPU fallback
 //   bench_call_path cpu                        at::add on CPU tensors
 //   bench_call_path kernel <libreference.so>   the plugin's add.out kernel called directly
 //                                              through the C ABI (no dispatcher, no loader)
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
   std::vector<double> per_call;
   std::string note;
   try {
-    if (o.mode == "plugin" || o.mode == "native" || o.mode == "cpu") {
+    if (o.mode == "plugin" || o.mode == "native" || o.mode == "fallback" || o.mode == "cpu") {
       if (o.mode == "plugin") {
         maxdev::plugins::PluginRegistry::instance().load(o.path, std::nullopt);
       } else if (o.mode == "native") {

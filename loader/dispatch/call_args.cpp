@@ -93,21 +93,32 @@ maxdev_value& CallArgs::next_value(uint32_t flags) {
 }
 
 void CallArgs::add_view(const at::Tensor& t, bool written) {
-  if (t.device().type() == c10::DeviceType::PrivateUse1) {
-    const c10::DeviceIndex index = t.device().index();
+  const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
+  const c10::Device device = impl.device();
+  if (device.type() == c10::DeviceType::PrivateUse1) {
+    const c10::DeviceIndex index = device.index();
     TORCH_CHECK(device_index_ < 0 || device_index_ == index,
                 "Expected all tensors to be on the same device, but found at least two devices, ",
-                c10::Device(c10::DeviceType::PrivateUse1, device_index_), " and ", t.device(), "! (in ",
-                slot_.name, ")");
+                c10::Device(c10::DeviceType::PrivateUse1, device_index_), " and ", device, "! (in ", slot_.name,
+                ")");
     device_index_ = index;
+  } else if (device.is_cpu()) {
+    traits_.on_cpu = true;
+  } else {
+    traits_.off_device = true;
   }
   tensors_.push_back(&t);
-  if (t.layout() != c10::kStrided || !t.has_storage() || t.is_conj() || t.is_neg()) {
+  maxdev_tensor& view = views_.emplace_back();
+  if (impl.layout() != c10::kStrided || !impl.has_storage() || impl.is_conj() || impl.is_neg()) {
     passable_ = false;
-    views_.emplace_back();
     return;
   }
-  views_.push_back(tensor_view(t, written));
+  const uint64_t dtype_bit = fill_tensor_view(impl, written, view);
+  traits_.dtypes |= dtype_bit;
+  traits_.contiguous = traits_.contiguous && impl.is_contiguous();
+  // No ABI dtype; or storage not allocated yet (lazy allocation): PyTorch's
+  // own error, from the CPU kernel, rather than a null pointer in a plugin.
+  if (dtype_bit == 0 || (view.data == nullptr && impl.numel() > 0 && !impl.is_meta())) passable_ = false;
 }
 
 void CallArgs::add(const at::Tensor& t) {

@@ -59,12 +59,26 @@ class CallArgs {
   const at::Tensor& tensor_of(size_t arg) const { return *tensors_[view_index(arg)]; }
   const maxdev_tensor* view_of(size_t arg) const { return values_[arg].u.tensor; }
   // Whether every argument has an ABI value: false for a complex Scalar,
-  // and a tensor that is not strided, has no storage, or has its conj or
-  // neg bit set. Plugins cannot take such a call.
+  // and a tensor that is not strided, has no storage or no allocated data,
+  // has its conj or neg bit set, or a dtype the ABI has no code for.
+  // Plugins cannot take such a call.
   bool passable() const { return passable_; }
   // The max_device device of the call's tensors (-1: none is on one).
   // Tensors on two devices are an error, raised while adding them.
   c10::DeviceIndex device_index() const { return device_index_; }
+
+  // What a kernel's declared capabilities are checked against, gathered
+  // while the tensors are added: once per call, not once per provider.
+  struct TensorTraits {
+    uint64_t dtypes = 0;         // dtype_mask_bit() of every tensor, or-ed
+    bool contiguous = true;      // every tensor is contiguous
+    bool on_cpu = false;         // some tensor is a CPU tensor
+    bool off_device = false;     // some tensor is neither on max_device nor on the CPU
+    // Two tensors of different dtypes: each dtype has its own bit.
+    bool mixed_dtypes() const { return (dtypes & (dtypes - 1)) != 0; }
+  };
+  // Meaningful for a passable() call.
+  const TensorTraits& tensor_traits() const { return traits_; }
 
   // The boxed arguments.
   c10::ArrayRef<c10::IValue> boxed() const;
@@ -91,6 +105,7 @@ class CallArgs {
   std::string strings_;  // each NUL-terminated, for string_view arguments
   bool passable_ = true;
   c10::DeviceIndex device_index_ = -1;
+  TensorTraits traits_;
 };
 
 }  // namespace maxdev::dispatch

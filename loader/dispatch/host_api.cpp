@@ -47,6 +47,15 @@ const DtypeEntry* find(c10::ScalarType type) {
   return index < kTypeSlots ? kByType[index] : nullptr;
 }
 
+// Points output `index` of the call at `t`'s (new) view.
+maxdev_status publish_output(maxdev_host_context& ctx, int32_t index, const at::Tensor& t, const maxdev_tensor** out) {
+  maxdev_host_context::Output& output = ctx.outputs[index];
+  output.view = tensor_view(t, true);
+  ctx.output_ptrs[index] = &output.view;
+  *out = &output.view;
+  return MAXDEV_OK;
+}
+
 maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype dtype, int32_t ndim,
                            const int64_t* shape, const maxdev_tensor** out) {
   if (ctx == nullptr || out == nullptr) return MAXDEV_ERROR;
@@ -60,11 +69,11 @@ maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype
     return fail("output index " + std::to_string(index) + " out of range (the op returns " +
                 std::to_string(ctx->outputs.size()) + ")");
   }
-  if (ctx->aliases[index] != nullptr) {
+  if (ctx->outputs[index].alias != nullptr) {
     return fail("output " + std::to_string(index) + " is an argument the kernel writes into; use call->outputs[" +
                 std::to_string(index) + "]");
   }
-  if (ctx->outputs[index].defined()) return fail("output " + std::to_string(index) + " allocated twice");
+  if (ctx->outputs[index].allocated.defined()) return fail("output " + std::to_string(index) + " allocated twice");
   const auto type = from_abi_dtype(dtype);
   if (!type) return fail("unsupported dtype code " + std::to_string(dtype.code) + " bits " + std::to_string(dtype.bits));
   if (ndim < 0 || (ndim > 0 && shape == nullptr)) return fail("invalid shape");
@@ -73,17 +82,14 @@ maxdev_status alloc_output(maxdev_host_context* ctx, int32_t index, maxdev_dtype
   }
   try {
     const c10::IntArrayRef sizes(shape, static_cast<size_t>(ndim));
-    ctx->outputs[index] = ctx->meta ? at::Tensor(at::detail::empty_meta(sizes, *type, std::nullopt))
+    ctx->outputs[index].allocated = ctx->meta ? at::Tensor(at::detail::empty_meta(sizes, *type, std::nullopt))
                                     : at::Tensor(at::detail::empty_generic(
                                           sizes, &device::allocator(),
                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), *type, std::nullopt));
   } catch (const std::exception& e) {
     return fail(e.what());
   }
-  ctx->output_views[index] = tensor_view(ctx->outputs[index], true);
-  ctx->output_ptrs[index] = &ctx->output_views[index];
-  *out = &ctx->output_views[index];
-  return MAXDEV_OK;
+  return publish_output(*ctx, index, ctx->outputs[index].allocated, out);
 }
 
 maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndim, const int64_t* shape,
@@ -99,11 +105,11 @@ maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndi
     return fail("output index " + std::to_string(index) + " out of range (the op returns " +
                 std::to_string(ctx->outputs.size()) + ")");
   }
-  if (ctx->aliases[index] == nullptr) {
+  if (ctx->outputs[index].alias == nullptr) {
     return fail("output " + std::to_string(index) + " is not an argument (out=) tensor; allocate it with alloc_output");
   }
   if (ndim < 0 || (ndim > 0 && shape == nullptr)) return fail("invalid shape");
-  const at::Tensor& target = *ctx->aliases[index];
+  const at::Tensor& target = *ctx->outputs[index].alias;
   const c10::IntArrayRef sizes(shape, static_cast<size_t>(ndim));
   try {
     if (target.sizes() != sizes && ctx->args != nullptr) {
@@ -124,10 +130,7 @@ maxdev_status resize_output(maxdev_host_context* ctx, int32_t index, int32_t ndi
   } catch (const std::exception& e) {
     return fail(e.what());
   }
-  ctx->output_views[index] = tensor_view(*ctx->aliases[index], true);
-  ctx->output_ptrs[index] = &ctx->output_views[index];
-  *out = &ctx->output_views[index];
-  return MAXDEV_OK;
+  return publish_output(*ctx, index, target, out);
 }
 
 maxdev_status set_error(maxdev_host_context* ctx, const char* message) {
@@ -173,27 +176,28 @@ const maxdev_host_api kHostApi = {
 
 const maxdev_host_api* host_api() { return &kHostApi; }
 
+uint64_t fill_tensor_view(const c10::TensorImpl& impl, bool writable, maxdev_tensor& view) {
+  // The storage's first byte, not the tensor's: an empty tensor has no
+  // data pointer in ATen, but its storage may still hold bytes (an out= of
+  // the wrong size), which a kernel that writes without resizing must find
+  // in bounds. A meta tensor's storage has none. Writing materializes a
+  // copy-on-write storage, as mutable_data_ptr() does.
+  const c10::Storage& storage = impl.unsafe_storage();
+  view.data = !storage ? nullptr : writable ? storage.mutable_data() : const_cast<void*>(storage.data());
+  const caffe2::TypeMeta dtype = impl.dtype();
+  view.byte_offset = static_cast<uint64_t>(impl.storage_offset() * static_cast<int64_t>(dtype.itemsize()));
+  view.device = {impl.is_cpu() ? MAXDEV_DEVICE_CPU : MAXDEV_DEVICE_MAX, 0};
+  view.ndim = static_cast<int32_t>(impl.dim());
+  view.shape = const_cast<int64_t*>(impl.sizes().data());
+  view.strides = const_cast<int64_t*>(impl.strides().data());
+  const DtypeEntry* entry = find(dtype.toScalarType());
+  view.dtype = entry != nullptr ? entry->abi : maxdev_dtype{};
+  return entry != nullptr ? entry->mask : 0;
+}
+
 maxdev_tensor tensor_view(const at::Tensor& t, bool writable) {
-  maxdev_tensor view{};
-  const auto itemsize = static_cast<int64_t>(t.dtype().itemsize());
-  // Meta tensors (a meta function's arguments) have shapes and no data.
-  char* first = t.is_meta() ? nullptr
-                            : static_cast<char*>(writable ? t.mutable_data_ptr()
-                                                          : const_cast<void*>(t.const_data_ptr()));
-  if (first == nullptr && !t.is_meta() && t.has_storage() && t.storage().data() != nullptr) {
-    // An empty tensor has no data pointer in ATen; its storage may still
-    // hold bytes (an out= of the wrong size): point at them, so a kernel
-    // that writes without resizing corrupts nothing outside the storage.
-    first = static_cast<char*>(writable ? t.storage().mutable_data() : const_cast<void*>(t.storage().data())) +
-            t.storage_offset() * itemsize;
-  }
-  view.byte_offset = static_cast<uint64_t>(t.storage_offset() * itemsize);
-  view.data = first == nullptr ? nullptr : first - view.byte_offset;
-  view.device = {t.device().is_cpu() ? MAXDEV_DEVICE_CPU : MAXDEV_DEVICE_MAX, 0};
-  view.ndim = static_cast<int32_t>(t.dim());
-  to_abi_dtype(t.scalar_type(), &view.dtype);
-  view.shape = const_cast<int64_t*>(t.sizes().data());
-  view.strides = const_cast<int64_t*>(t.strides().data());
+  maxdev_tensor view;
+  fill_tensor_view(*t.unsafeGetTensorImpl(), writable, view);
   return view;
 }
 

@@ -27,13 +27,16 @@ struct maxdev_host_context {
   // as is, the CPU's error type and message.
   std::exception_ptr input_error;
   bool meta = false;                     // a meta function's call: outputs are meta tensors
-  // One slot per return of the op. An allocated one (alloc_output) is
-  // held in `outputs`; an aliased one is the argument tensor it aliases,
-  // borrowed for the call (resize_output resizes it).
-  c10::SmallVector<at::Tensor, 2> outputs;
-  c10::SmallVector<const at::Tensor*, 2> aliases;  // null: allocated
-  c10::SmallVector<maxdev_tensor, 2> output_views;
-  c10::SmallVector<const maxdev_tensor*, 2> output_ptrs;
+  // One per return of the op: an allocated one (alloc_output) holds its
+  // tensor; an aliased one (in-place, out=) is the argument tensor it
+  // aliases, borrowed for the call (resize_output resizes it).
+  struct Output {
+    at::Tensor allocated;
+    const at::Tensor* alias = nullptr;  // null: allocated
+    maxdev_tensor view{};               // of the allocated or resized tensor
+  };
+  c10::SmallVector<Output, 2> outputs;
+  c10::SmallVector<const maxdev_tensor*, 2> output_ptrs;  // call->outputs
 };
 
 namespace maxdev::dispatch {
@@ -42,6 +45,9 @@ const maxdev_host_api* host_api();
 
 // DLPack-layout view of `t`, borrowed: valid while `t` lives unchanged.
 maxdev_tensor tensor_view(const at::Tensor& t, bool writable);
+// The same, written into `view` (a strided tensor): returns the dtype's
+// capability-mask bit, 0 for a dtype the ABI has no code for.
+uint64_t fill_tensor_view(const c10::TensorImpl& impl, bool writable, maxdev_tensor& view);
 
 // ABI dtype of a scalar type, and its capability-mask bit (0: none).
 bool to_abi_dtype(c10::ScalarType type, maxdev_dtype* out);

@@ -110,14 +110,14 @@ void check_contract(const KernelOwner& owner, const OpSlot& slot, c10::ArrayRef<
                            "), which its schema marks read-only (found by kernel checks)");
   }
   bool allocates = false;
-  for (const at::Tensor* alias : ctx.aliases) allocates = allocates || alias == nullptr;
+  for (const auto& output : ctx.outputs) allocates = allocates || output.alias == nullptr;
   if (!allocates) return;
   const auto expected = meta_returns(slot, args);
   if (!expected) return;
   for (size_t i = 0; i < ctx.outputs.size(); ++i) {
-    if (ctx.aliases[i] != nullptr || !(*expected)[i].isTensor()) continue;
+    if (ctx.outputs[i].alias != nullptr || !(*expected)[i].isTensor()) continue;
     const at::Tensor& want = (*expected)[i].toTensor();
-    const at::Tensor& got = ctx.outputs[i];
+    const at::Tensor& got = ctx.outputs[i].allocated;
     if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
       throw_kernel_error(owner, slot.name,
                          "returned output " + std::to_string(i) + " as " + describe(got) + " where the op's meta "
@@ -159,16 +159,11 @@ namespace {
 void prepare_outputs(maxdev_host_context& ctx, const OpSignature& sig, const CallArgs& args) {
   ctx.args = &args;
   const size_t num_outputs = sig.return_aliases.size();
-  ctx.outputs.resize(num_outputs);
-  ctx.output_views.resize(num_outputs);
-  ctx.output_ptrs.resize(num_outputs, nullptr);
-  ctx.aliases.resize(num_outputs, nullptr);
   for (size_t i = 0; i < num_outputs; ++i) {
     const int alias = sig.return_aliases[i];
-    if (alias >= 0) {
-      ctx.aliases[i] = &args.tensor_of(static_cast<size_t>(alias));
-      ctx.output_ptrs[i] = args.view_of(static_cast<size_t>(alias));
-    }
+    maxdev_host_context::Output& output = ctx.outputs.emplace_back();
+    if (alias >= 0) output.alias = &args.tensor_of(static_cast<size_t>(alias));
+    ctx.output_ptrs.push_back(alias >= 0 ? args.view_of(static_cast<size_t>(alias)) : nullptr);
   }
 }
 
@@ -205,10 +200,10 @@ bool KernelProvider::run_meta(const OpSlot& slot, torch::jit::Stack* stack) {
   c10::SmallVector<c10::IValue, 2> returns;
   for (size_t i = 0; i < num_outputs; ++i) {
     const int alias = sig.return_aliases[i];
-    if (alias < 0 && !ctx.outputs[i].defined()) {
+    if (alias < 0 && !ctx.outputs[i].allocated.defined()) {
       throw_kernel_error(*owner_, slot.name, "its meta function did not allocate output " + std::to_string(i));
     }
-    returns.push_back(alias >= 0 ? args[static_cast<size_t>(alias)] : std::move(ctx.outputs[i]));
+    returns.push_back(alias >= 0 ? args[static_cast<size_t>(alias)] : std::move(ctx.outputs[i].allocated));
   }
   torch::jit::drop(*stack, sig.args.size());
   for (auto& r : returns) stack->push_back(std::move(r));
@@ -217,19 +212,9 @@ bool KernelProvider::run_meta(const OpSlot& slot, torch::jit::Stack* stack) {
 
 bool KernelProvider::accepts(const CallArgs& args) const {
   if (!args.passable()) return false;
-  std::optional<c10::ScalarType> first_dtype;
-  for (const at::Tensor* tensor : args.tensors()) {
-    const at::Tensor& t = *tensor;
-    const auto type = t.device().type();
-    if (type != c10::DeviceType::PrivateUse1 && (type != c10::DeviceType::CPU || !cpu_tensors_)) return false;
-    if ((dtypes_ & dtype_mask_bit(t.scalar_type())) == 0) return false;
-    if (contiguous_only_ && !t.is_contiguous()) return false;
-    if (same_dtype_) {
-      if (first_dtype && *first_dtype != t.scalar_type()) return false;
-      first_dtype = t.scalar_type();
-    }
-  }
-  return true;
+  const CallArgs::TensorTraits& traits = args.tensor_traits();
+  return !traits.off_device && (cpu_tensors_ || !traits.on_cpu) && (traits.dtypes & ~dtypes_) == 0 &&
+         (!contiguous_only_ || traits.contiguous) && (!same_dtype_ || !traits.mixed_dtypes());
 }
 
 bool KernelProvider::run(const CallArgs& args, Returns& returns) {
@@ -278,14 +263,14 @@ bool KernelProvider::run(const CallArgs& args, Returns& returns) {
                                               : "returned an unknown status " + std::to_string(status));
   }
   for (size_t i = 0; i < num_outputs; ++i) {
-    if (ctx.aliases[i] == nullptr && !ctx.outputs[i].defined()) {
+    if (ctx.outputs[i].alias == nullptr && !ctx.outputs[i].allocated.defined()) {
       // outputs[i] is the host's to set: whatever the kernel put there is ignored.
       throw_kernel_error(*owner_, slot.name, "returned success without allocating output " + std::to_string(i));
     }
   }
   if (checking) check_contract(*owner_, slot, args.boxed(), ctx, *read_only);
   // Aliased returns are the trampoline's to make (Provider::run).
-  for (size_t i = 0; i < num_outputs; ++i) returns.emplace_back(std::move(ctx.outputs[i]));
+  for (auto& output : ctx.outputs) returns.emplace_back(std::move(output.allocated));
   return true;
 }
 
