@@ -116,9 +116,12 @@ void CallArgs::add_view(const at::Tensor& t, bool written) {
   const uint64_t dtype_bit = fill_tensor_view(impl, written, view);
   traits_.dtypes |= dtype_bit;
   traits_.contiguous = traits_.contiguous && impl.is_contiguous();
-  // No ABI dtype; or storage not allocated yet (lazy allocation): PyTorch's
-  // own error, from the CPU kernel, rather than a null pointer in a plugin.
-  if (dtype_bit == 0 || (view.data == nullptr && impl.numel() > 0 && !impl.is_meta())) passable_ = false;
+  if (dtype_bit == 0) passable_ = false;  // no ABI dtype: the CPU kernel serves it
+  // Storage not allocated yet (lazy allocation): an error here, as ATen's
+  // data pointer check gives, never a null pointer in a plugin (nor in the
+  // CPU kernel, whose alias of these bytes would be null too).
+  TORCH_CHECK(view.data != nullptr || impl.numel() == 0 || impl.is_meta(), "max_device: a tensor argument of ",
+              slot_.name, " has ", impl.numel(), " elements, but its data is not allocated yet");
 }
 
 void CallArgs::add(const at::Tensor& t) {

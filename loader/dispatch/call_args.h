@@ -59,8 +59,9 @@ class CallArgs {
   const at::Tensor& tensor_of(size_t arg) const { return *tensors_[view_index(arg)]; }
   const maxdev_tensor* view_of(size_t arg) const { return values_[arg].u.tensor; }
   // Whether every argument has an ABI value: false for a complex Scalar,
-  // and a tensor that is not strided, has no storage or no allocated data,
-  // has its conj or neg bit set, or a dtype the ABI has no code for.
+  // and a tensor that is not strided, has no storage, has its conj or neg
+  // bit set, or a dtype the ABI has no code for. (A tensor whose storage
+  // has no bytes yet is an error while adding it.)
   // Plugins cannot take such a call.
   bool passable() const { return passable_; }
   // The max_device device of the call's tensors (-1: none is on one).
@@ -70,7 +71,7 @@ class CallArgs {
   // What a kernel's declared capabilities are checked against, gathered
   // while the tensors are added: once per call, not once per provider.
   struct TensorTraits {
-    uint64_t dtypes = 0;         // dtype_mask_bit() of every tensor, or-ed
+    uint64_t dtypes = 0;         // MAXDEV_DTYPE_* bits of the tensors' dtypes, or-ed
     bool contiguous = true;      // every tensor is contiguous
     bool on_cpu = false;         // some tensor is a CPU tensor
     bool off_device = false;     // some tensor is neither on max_device nor on the CPU

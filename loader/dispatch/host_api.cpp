@@ -208,11 +208,6 @@ bool to_abi_dtype(c10::ScalarType type, maxdev_dtype* out) {
   return true;
 }
 
-uint64_t dtype_mask_bit(c10::ScalarType type) {
-  const auto* e = find(type);
-  return e == nullptr ? 0 : e->mask;
-}
-
 std::optional<c10::ScalarType> from_abi_dtype(maxdev_dtype dtype) {
   for (const auto& e : kDtypes) {
     if (e.abi.code == dtype.code && e.abi.bits == dtype.bits && dtype.lanes == 1) return e.type;

@@ -46,12 +46,11 @@ const maxdev_host_api* host_api();
 // DLPack-layout view of `t`, borrowed: valid while `t` lives unchanged.
 maxdev_tensor tensor_view(const at::Tensor& t, bool writable);
 // The same, written into `view` (a strided tensor): returns the dtype's
-// capability-mask bit, 0 for a dtype the ABI has no code for.
+// MAXDEV_DTYPE_* capability bit, 0 for a dtype the ABI has no code for.
 uint64_t fill_tensor_view(const c10::TensorImpl& impl, bool writable, maxdev_tensor& view);
 
-// ABI dtype of a scalar type, and its capability-mask bit (0: none).
+// ABI dtype of a scalar type (false: the ABI has no code for it).
 bool to_abi_dtype(c10::ScalarType type, maxdev_dtype* out);
-uint64_t dtype_mask_bit(c10::ScalarType type);
 std::optional<c10::ScalarType> from_abi_dtype(maxdev_dtype dtype);
 
 }  // namespace maxdev::dispatch

@@ -40,7 +40,7 @@ class KernelProvider final : public Provider {
   maxdev_kernel_fn meta_;  // may be null
   std::string backward_;   // "" for none
   // The kernel's capabilities, decoded once.
-  uint64_t dtypes_;  // mask of dtype_mask_bit()s; all for a kernel that takes any
+  uint64_t dtypes_;  // MAXDEV_DTYPE_* mask; all bits for a kernel that takes any
   bool cpu_tensors_, contiguous_only_, same_dtype_;
 };
 

@@ -209,6 +209,35 @@ TEST(Kernels, DeclinedInputsFallToTheCpu) {
   registry.unload("good");
 }
 
+// A device tensor whose storage has no bytes yet (lazy allocation, as
+// Caffe2-style tensors have) never reaches a plugin, nor the CPU fallback,
+// as a null pointer: the call is an error naming the op, and no provider
+// runs.
+TEST(Kernels, UnallocatedStorageIsAnErrorBeforeAnyProvider) {
+  auto& registry = PluginRegistry::instance();
+  registry.load(fixture("good"), std::nullopt);
+  const c10::Device device(c10::DeviceType::PrivateUse1, 0);
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device), nullptr, false);
+  at::Tensor x = at::detail::make_tensor<c10::TensorImpl>(std::move(empty), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                         caffe2::TypeMeta::Make<float>());
+  x.unsafeGetTensorImpl()->set_sizes_contiguous({4});
+  at::Tensor y = device_tensor({4});
+  try {
+    at::neg_out(y, x);
+    ADD_FAILURE() << "neg.out of an unallocated tensor returned";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("not allocated yet"), std::string::npos) << what;
+    EXPECT_NE(what.find("aten::neg.out"), std::string::npos) << what;
+  }
+  const auto ops = registry.ops();
+  const auto* op = find_op(ops, "aten::neg.out");
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->layers[0].calls, 0);
+  EXPECT_EQ(op->layers[0].declines, 0);
+  registry.unload("good");
+}
+
 // What a plugin's host->parallel_for does (ABI 1.2): every index exactly
 // once, on as many threads as torch.set_num_threads allows.
 struct ParallelRun {
