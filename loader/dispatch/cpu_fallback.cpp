@@ -260,7 +260,13 @@ class CpuCall {
 
   // What the CPU kernel gets for tensor argument `t` (schema argument `arg`).
   at::Tensor pass(const at::Tensor& t, bool written, const c10::Argument& arg) {
-    return check(t, arg) ? scope_.to_cpu(t, written) : t;
+    if (!check(t, arg)) return t;
+    try {
+      return scope_.to_cpu(t, written);
+    } catch (c10::Error& e) {
+      e.add_context("argument '" + arg.name() + "' of " + c10::toString(op_.operator_name()));
+      throw;
+    }
   }
 
   // Notes the device of tensor argument `t`; whether it is a device tensor.

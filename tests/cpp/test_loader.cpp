@@ -213,29 +213,52 @@ TEST(Kernels, DeclinedInputsFallToTheCpu) {
 // Caffe2-style tensors have) never reaches a plugin, nor the CPU fallback,
 // as a null pointer: the call is an error naming the op, and no provider
 // runs.
-TEST(Kernels, UnallocatedStorageIsAnErrorBeforeAnyProvider) {
-  auto& registry = PluginRegistry::instance();
-  registry.load(fixture("good"), std::nullopt);
+// A max_device float tensor whose storage has no bytes yet (lazy
+// allocation, as a storage made with a null DataPtr).
+at::Tensor unallocated_tensor(c10::IntArrayRef sizes = {4}) {
   const c10::Device device(c10::DeviceType::PrivateUse1, 0);
   c10::Storage empty(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device), nullptr, false);
   at::Tensor x = at::detail::make_tensor<c10::TensorImpl>(std::move(empty), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                          caffe2::TypeMeta::Make<float>());
-  x.unsafeGetTensorImpl()->set_sizes_contiguous({4});
-  at::Tensor y = device_tensor({4});
+  x.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return x;
+}
+
+// `call` raises c10::Error and its message has every one of `parts`.
+template <typename Call>
+void expect_error_naming(Call call, std::initializer_list<const char*> parts) {
   try {
-    at::neg_out(y, x);
-    ADD_FAILURE() << "neg.out of an unallocated tensor returned";
+    call();
+    ADD_FAILURE() << "the call returned";
   } catch (const c10::Error& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("not allocated yet"), std::string::npos) << what;
-    EXPECT_NE(what.find("aten::neg.out"), std::string::npos) << what;
+    for (const char* part : parts) EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
   }
+}
+
+TEST(Kernels, UnallocatedStorageIsAnErrorBeforeAnyProvider) {
+  auto& registry = PluginRegistry::instance();
+  registry.load(fixture("good"), std::nullopt);
+  at::Tensor x = unallocated_tensor();
+  at::Tensor y = device_tensor({4});
+  expect_error_naming([&] { at::neg_out(y, x); }, {"not allocated yet", "aten::neg.out"});
   const auto ops = registry.ops();
   const auto* op = find_op(ops, "aten::neg.out");
   ASSERT_NE(op, nullptr);
   EXPECT_EQ(op->layers[0].calls, 0);
   EXPECT_EQ(op->layers[0].declines, 0);
   registry.unload("good");
+}
+
+// With no plugin the CPU fallback, copy_ and item() alias the bytes: an
+// error naming the op and argument, never a CPU kernel on a null pointer.
+TEST(Kernels, UnallocatedStorageIsAnErrorOnTheCpuFallback) {
+  at::Tensor x = unallocated_tensor();
+  at::Tensor y = device_tensor({4});
+  expect_error_naming([&] { at::neg_out(y, x); }, {"no data allocated yet", "argument 'self' of aten::neg.out"});
+  expect_error_naming([&] { y.copy_(x); }, {"no data allocated yet"});
+  expect_error_naming([&] { unallocated_tensor({1}).item(); }, {"no data allocated yet"});
+  EXPECT_EQ(y.numel(), 4);
 }
 
 // What a plugin's host->parallel_for does (ABI 1.2): every index exactly
