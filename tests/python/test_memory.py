@@ -1,4 +1,5 @@
 import gc
+import threading
 
 import torch
 
@@ -21,6 +22,27 @@ def test_memory_grows_and_shrinks():
     assert allocated() - base == 4 * MB
     del u
     assert allocated() == base
+
+
+def test_every_allocation_is_64_byte_aligned():
+    # Kernels may use aligned vector loads on a fresh tensor's first byte,
+    # whatever the size (glibc's malloc alone gives 16), on any thread.
+    def allocate(sizes, out):
+        out += [torch.empty(n, dtype=torch.uint8, device=DEVICE) for n in sizes]
+
+    sizes = [1, 15, 16, 17, 48, 63, 64, 65, 100, 255, 4096, 65536, 200_000, 3 * MB + 7]
+    kept = []
+    for _ in range(3):  # reused blocks as well as fresh ones
+        allocate(sizes, kept)
+        del kept[: len(sizes) // 2]
+    worker = threading.Thread(target=allocate, args=(sizes, kept))
+    worker.start()
+    worker.join()
+    assert len(kept) > len(sizes)
+    for t in kept:
+        assert t.data_ptr() % 64 == 0, (t.numel(), hex(t.data_ptr()))
+        t.fill_(7)  # the whole block is writable
+        assert int(t[-1]) == 7
 
 
 def test_views_do_not_allocate():
