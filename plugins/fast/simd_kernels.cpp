@@ -100,39 +100,66 @@ inline void for_vectors(float* out, int64_t n, F f) {
 
 // exp(x) = 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2: Cephes'
 // polynomial after a two-step reduction, relative error ~2e-7. Returns p(r)
-// and n, for x within [-103.97, 88.72].
-inline vf exp_reduced(vf x, vi* n_out) {
+// and n (a whole number, as a float), for x within [-103.97, 88.72].
+inline vf exp_reduced(vf x, vf* n_out) {
+#if defined(__AVX512F__)
+  const vf n = reinterpret_cast<vf>(_mm512_roundscale_ps(reinterpret_cast<__m512>(x * 1.44269504088896341f),
+                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
   const vf shifter = splat(12582912.f);  // 1.5 * 2^23: rounds to nearest
-  vf t = x * 1.44269504088896341f + shifter;
-  const vf n = t - shifter;
+  const vf n = (x * 1.44269504088896341f + shifter) - shifter;
+#endif
   vf r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  *n_out = __builtin_convertvector(n, vi);
-  return p * r * r + r + 1.f;
+  // The polynomial in Estrin's scheme: three dependent steps where
+  // Horner's takes six, so more elements are in flight at once.
+  const vf r2 = r * r, r4 = r2 * r2;
+  const vf c01 = 1.6666665459e-1f * r + 5.0000001201e-1f;
+  const vf c23 = 8.3334519073e-3f * r + 4.1665795894e-2f;
+  const vf c45 = 1.9875691500e-4f * r + 1.3981999507e-3f;
+  const vf p = (c45 * r4 + (c23 * r2 + c01));
+  *n_out = n;
+  return p * r2 + (r + 1.f);
 }
 
+#if !defined(__AVX512F__)
 inline vf pow2(vi n) {
   const vi bits = (n + 127) << 23;
   vf f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+#endif
+
+// p * 2^n for a whole n in [-150, 128]: AVX-512's scalef in one
+// instruction (subnormal results rounded, 2^128 overflowing to inf); else
+// 2^n in two halves, so that n below -126 stays representable.
+inline vf scale_by_pow2(vf p, vf n) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vf>(_mm512_scalef_ps(reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(n)));
+#else
+  const vi ni = __builtin_convertvector(n, vi);
+  const vi n1 = ni >> 1;
+  return p * pow2(n1) * pow2(ni - n1);
+#endif
+}
+
+// The same for n in [-126, 127], where 2^n is a normal float.
+inline vf scale_by_normal_pow2(vf p, vf n) {
+#if defined(__AVX512F__)
+  return scale_by_pow2(p, n);
+#else
+  return p * pow2(__builtin_convertvector(n, vi));
+#endif
+}
 
 // exp(x) over float's whole range: below the smallest subnormal -> 0 (so
 // exp(-inf) is 0), overflow -> inf, NaN -> NaN.
 inline vf vexp(vf x0) {
   const vf hi = splat(88.7228f), lo = splat(-103.97f);
-  vi n;
+  vf n;
   const vf p = exp_reduced(vmin(vmax(x0, lo), hi), &n);
-  // 2^n in two halves so n down to -150 stays representable (subnormals).
-  const vi n1 = n >> 1;
-  vf result = p * pow2(n1) * pow2(n - n1);
+  vf result = scale_by_pow2(p, n);
   result = x0 > hi ? splat(__builtin_inff()) : result;
   result = x0 < lo ? splat(0.f) : result;
   return x0 != x0 ? x0 : result;
@@ -141,14 +168,14 @@ inline vf vexp(vf x0) {
 inline float sexp(float x) { return vexp(splat(x))[0]; }
 
 // exp(x) for x <= 0 (softmax's x - max, erf's -x^2) at two thirds of
-// vexp's cost: one scaling, and results below float's smallest normal
-// flush to 0 (as the CPU's softmax, whose exp flushes below the same
-// bound). NaN comes out finite: callers see to NaN themselves.
+// vexp's cost: results below float's smallest normal flush to 0 (as the
+// CPU's softmax, whose exp flushes below the same bound). NaN comes out
+// finite: callers see to NaN themselves.
 inline vf vexp_nonpositive(vf x) {
   const vf lo = splat(-87.33654f);  // ln(smallest normal)
-  vi n;
+  vf n;
   const vf p = exp_reduced(vmax(x, lo), &n);
-  return x < lo ? splat(0.f) : p * pow2(n);
+  return x < lo ? splat(0.f) : scale_by_normal_pow2(p, n);
 }
 
 // 1 / d to float precision: a division is ~10x the cost of a multiply, so
@@ -166,11 +193,8 @@ inline vf vrecip(vf d) {
 inline vf verf(vf x) {
   const vf ax = vmax(x, -x);
   const vf t = vrecip(1.f + 0.3275911f * ax);
-  vf p = splat(1.061405429f);
-  p = p * t - 1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t - 0.284496736f;
-  p = p * t + 0.254829592f;
+  const vf t2 = t * t;  // the polynomial in Estrin's scheme, as in exp_reduced
+  const vf p = 1.061405429f * (t2 * t2) + ((1.421413741f - 1.453152027f * t) * t2 + (0.254829592f - 0.284496736f * t));
   const vf y = 1.f - p * t * vexp_nonpositive(-ax * ax);  // x NaN: t is NaN
   return x < 0.f ? -y : y;
 }
