@@ -26,7 +26,9 @@ time over all blocks. Every worker checks its result and proves that its
 kernel ran (plugins: list_ops() call counter; native: the kernel's own
 counter; python: a Python counter). When <build>/bench/bench_call_path
 exists, the same path is timed from C++ too (no Python), plus the plugin
-kernel called directly through the C ABI.
+kernel called directly through the C ABI. The C++ target (same-loop minus
+native) is read on paired runs: the two back to back in many short
+processes, the median of the pairs' differences.
 
 Then the per-op overhead sweep: the same torch.add from 1 to 2^24 elements
 (powers of 4) for plugin, native, python, cpu and fallback, one process per
@@ -55,10 +57,13 @@ PLUGIN_FILES = {"plugin": ("plugins", "libreference.so"), "same_loop": ("bench",
 CPP_MODES = ("plugin", "same_loop", "native", "cpu", "kernel", "loop")
 # The call path's target is on the same loop: the reference kernel's body
 # costs more than the native loop's by itself.
-TARGETS = {"same_loop_over_native_max": 1.05, "python_over_plugin_min": 10.0}
+TARGETS = {"same_loop_over_native_max": 1.05}
 # (rounds, blocks per worker, calls per block, warmup calls)
 FULL = (4, 20, 2000, 2000)
 QUICK = (2, 8, 1000, 1000)
+# Paired C++ runs of native and same-loop (run_cpp_pairs).
+PAIRS_FULL = 24
+PAIRS_QUICK = 10
 SWEEP_VARIANTS = ("plugin", "native", "python", "cpu", "fallback")
 SWEEP_SIZES = tuple(4 ** k for k in range(13))  # 1 .. 2^24 elements
 SWEEP_SUMMARY_SIZES = (1, 64, 4096, 4 ** 9, 4 ** 12)
@@ -283,6 +288,29 @@ def run_cpp_modes(rounds, blocks, calls, warmup):
     return per_mode
 
 
+def run_cpp_pairs(pairs, blocks, calls, warmup):
+    """The C++ call-path target, read on paired runs: native and same-loop
+    back to back (order alternating) in many short processes, one difference
+    of their medians per pair, so that the machine's drift between processes
+    (this VM's clock moves by a third within seconds) falls out of each pair."""
+    exe = bl.artifact("bench", "bench_call_path", required=False)
+    if exe is None:
+        return None
+    commands = {"native": ("native", bl.artifact("bench", "libbench_native_add.so")),
+                "same_loop": ("plugin", bl.artifact(*PLUGIN_FILES["same_loop"]))}
+    diffs, ratios = [], []
+    for r in range(pairs):
+        med = {}
+        for m in (("native", "same_loop") if r % 2 == 0 else ("same_loop", "native")):
+            res = bl.run_json([exe, *commands[m], "--numel", str(NUMEL), "--blocks", str(blocks),
+                               "--calls", str(calls), "--warmup", str(warmup)])
+            med[m] = bl.summarize(res["per_call_ns"])["median"]
+        diffs.append(med["same_loop"] - med["native"])
+        ratios.append(med["same_loop"] / med["native"])
+    return {"pairs": pairs, "minus_native_ns": diffs, "over_native": ratios,
+            "minus_native_stats_ns": bl.summarize(diffs), "over_native_stats": bl.summarize(ratios)}
+
+
 def run_sweep(blocks, block_ns):
     per_variant = {}
     for v in SWEEP_VARIANTS:
@@ -331,6 +359,7 @@ def main():
           f"per variant", flush=True)
     py = run_python_variants(rounds, blocks, calls, warmup)
     cpp = None if args.no_cpp else run_cpp_modes(rounds, blocks, calls, warmup)
+    pairs = None if args.no_cpp else run_cpp_pairs(PAIRS_QUICK if args.quick else PAIRS_FULL, 5, calls, warmup)
     print(f"per-op sweep: {len(SWEEP_SIZES)} sizes x {len(SWEEP_VARIANTS)} variants", flush=True)
     sweep = run_sweep(*(SWEEP_QUICK if args.quick else SWEEP_FULL))
 
@@ -360,17 +389,16 @@ def main():
          "ok": ratios["same_loop_over_native"] <= TARGETS["same_loop_over_native_max"]},
         {"metric": "reference plugin / native (Python, torch.add 64 f32)", "value": ratios["plugin_over_native"],
          "target": None, "ok": None},
-        {"metric": "python-kernel / plugin", "value": ratios["python_over_plugin"],
-         "target": f">= {TARGETS['python_over_plugin_min']}",
-         "ok": ratios["python_over_plugin"] >= TARGETS["python_over_plugin_min"]},
+        {"metric": "python-kernel / plugin", "value": ratios["python_over_plugin"], "target": None, "ok": None},
         {"metric": "plugin / cpu eager", "value": ratios["plugin_over_cpu"], "target": None, "ok": None},
     ]
+    if pairs:
+        pair_ns = pairs["minus_native_stats_ns"]["median"]
+        summary.append({"metric": "same-loop plugin / native (C++ at::add, no Python; median of pairs)",
+                        "value": pairs["over_native_stats"]["median"], "target": None, "ok": None})
+        summary.append({"metric": "same-loop plugin - native (C++ at::add, ns; median of pairs)",
+                        "value": pair_ns, "target": "<= 60", "ok": pair_ns <= 60})
     if cpp_ratios:
-        summary.append({"metric": "same-loop plugin / native (C++ at::add, no Python)",
-                        "value": cpp_ratios["same_loop_over_native"], "target": None, "ok": None})
-        summary.append({"metric": "same-loop plugin - native (C++ at::add, ns)",
-                        "value": cpp_ratios["same_loop_minus_native_ns"], "target": "<= 60",
-                        "ok": cpp_ratios["same_loop_minus_native_ns"] <= 60})
         summary.append({"metric": "reference plugin / native (C++ at::add, no Python)",
                         "value": cpp_ratios["plugin_over_native"], "target": None, "ok": None})
     for n in SWEEP_SUMMARY_SIZES:
@@ -384,7 +412,7 @@ def main():
               "config": {"rounds": rounds, "blocks_per_worker": blocks, "calls_per_block": calls,
                          "warmup_calls": warmup},
               "targets": TARGETS, "median_ns": med, "ratios": ratios,
-              "python": py, "cpp": cpp, "cpp_ratios": cpp_ratios, "sweep": sweep, "summary": summary}
+              "python": py, "cpp": cpp, "cpp_ratios": cpp_ratios, "cpp_pairs": pairs, "sweep": sweep, "summary": summary}
     path = bl.write_json("plugin_call.json", report, args.out)
 
     bl.print_machine(machine, args.quick)
@@ -410,17 +438,21 @@ def main():
     print(f"same-loop / native   {ratios['same_loop_over_native']:.3f}  (target <= "
           f"{TARGETS['same_loop_over_native_max']}; +{ratios['same_loop_minus_native_ns']:.0f} ns/call)")
     print(f"reference / native   {ratios['plugin_over_native']:.3f}  (+{ratios['plugin_minus_native_ns']:.0f} ns/call)")
-    print(f"python / plugin      {ratios['python_over_plugin']:.2f}   (target >= "
-          f"{TARGETS['python_over_plugin_min']:.0f}; empty Python kernel: "
+    print(f"python / plugin      {ratios['python_over_plugin']:.2f}   (empty Python kernel: "
           f"{ratios['python_noop_over_plugin']:.2f})")
     print(f"plugin / cpu eager   {ratios['plugin_over_cpu']:.2f}   (native / cpu "
           f"{ratios['native_over_cpu']:.2f})")
     if cpp_ratios:
         print(f"C++: same-loop / native {cpp_ratios['same_loop_over_native']:.3f} "
-              f"(+{cpp_ratios['same_loop_minus_native_ns']:.0f} ns; target <= +60 ns); reference / native "
+              f"(+{cpp_ratios['same_loop_minus_native_ns']:.0f} ns, medians of all blocks); reference / native "
               f"{cpp_ratios['plugin_over_native']:.3f} "
               f"(+{cpp_ratios['plugin_minus_native_ns']:.0f} ns); plugin kernel body vs bare loop "
               f"+{cpp_ratios['kernel_direct_minus_loop_ns']:.0f} ns")
+    if pairs:
+        d = pairs["minus_native_stats_ns"]
+        print(f"C++: same-loop - native, median of {pairs['pairs']} paired runs: {d['median']:+.0f} ns "
+              f"(p10 {d['p10']:+.0f}, p90 {d['p90']:+.0f}; target <= +60 ns), ratio "
+              f"{pairs['over_native_stats']['median']:.3f}")
     print()
     header = f"{'sweep: elements':16s}" + "".join(f"{v + ' us':>12s}" for v in SWEEP_VARIANTS) + \
         f"{'plug/nat':>9s}{'fb/cpu':>8s}"
