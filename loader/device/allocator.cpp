@@ -74,6 +74,8 @@ c10::DeviceIndex device_count() {
 c10::DeviceIndex current_device_index() { return thread_state.current_device; }
 
 void set_current_device_index(c10::DeviceIndex index) {
+  // Device guards set the device they found again on the way out, twice per op.
+  if (index == thread_state.current_device) return;
   check_device_index(index);
   if (index >= 0) thread_state.current_device = index;
 }
