@@ -260,24 +260,36 @@ def run_python_variants(rounds, blocks, calls, warmup):
     return per_variant
 
 
-def run_cpp_modes(rounds, blocks, calls, warmup):
+def cpp_modes():
+    """bench_call_path and, per mode of CPP_MODES, its arguments (mode,
+    library); None when it was not built."""
     exe = bl.artifact("bench", "bench_call_path", required=False)
     if exe is None:
+        return None
+    args = {"plugin": ("plugin", bl.artifact(*PLUGIN_FILES["plugin"])),
+            "same_loop": ("plugin", bl.artifact(*PLUGIN_FILES["same_loop"])),
+            "native": ("native", bl.artifact("bench", "libbench_native_add.so")),
+            "kernel": ("kernel", bl.artifact(*PLUGIN_FILES["plugin"]))}
+    return exe, {m: args.get(m, (m,)) for m in CPP_MODES}
+
+
+def run_cpp(exe, mode_args, blocks, calls, warmup):
+    """One bench_call_path process: its JSON (per-call ns of each block)."""
+    return bl.run_json([exe, *mode_args, "--numel", str(NUMEL), "--blocks", str(blocks),
+                        "--calls", str(calls), "--warmup", str(warmup)])
+
+
+def run_cpp_modes(rounds, blocks, calls, warmup):
+    found = cpp_modes()
+    if found is None:
         print("  (bench_call_path not built: skipping the C++ figures)")
         return None
-    # mode name -> (bench_call_path mode, library)
-    commands = {"plugin": ("plugin", bl.artifact(*PLUGIN_FILES["plugin"])),
-                "same_loop": ("plugin", bl.artifact(*PLUGIN_FILES["same_loop"])),
-                "native": ("native", bl.artifact("bench", "libbench_native_add.so")),
-                "kernel": ("kernel", bl.artifact(*PLUGIN_FILES["plugin"]))}
+    exe, commands = found
     per_mode = {m: {"per_call_ns": [], "round_medians_ns": []} for m in CPP_MODES}
     for r in range(rounds):
         order = CPP_MODES[r % len(CPP_MODES):] + CPP_MODES[:r % len(CPP_MODES)]
         for m in order:
-            cmd = [exe, *commands.get(m, (m,))] + [
-                "--numel", str(NUMEL), "--blocks", str(blocks), "--calls", str(calls),
-                "--warmup", str(warmup)]
-            res = bl.run_json(cmd)
+            res = run_cpp(exe, commands[m], blocks, calls, warmup)
             d = per_mode[m]
             d["per_call_ns"] += res["per_call_ns"]
             d["round_medians_ns"].append(bl.summarize(res["per_call_ns"])["median"])
@@ -293,18 +305,15 @@ def run_cpp_pairs(pairs, blocks, calls, warmup):
     back to back (order alternating) in many short processes, one difference
     of their medians per pair, so that the machine's drift between processes
     (this VM's clock moves by a third within seconds) falls out of each pair."""
-    exe = bl.artifact("bench", "bench_call_path", required=False)
-    if exe is None:
+    found = cpp_modes()
+    if found is None:
         return None
-    commands = {"native": ("native", bl.artifact("bench", "libbench_native_add.so")),
-                "same_loop": ("plugin", bl.artifact(*PLUGIN_FILES["same_loop"]))}
+    exe, commands = found
     diffs, ratios = [], []
     for r in range(pairs):
         med = {}
         for m in (("native", "same_loop") if r % 2 == 0 else ("same_loop", "native")):
-            res = bl.run_json([exe, *commands[m], "--numel", str(NUMEL), "--blocks", str(blocks),
-                               "--calls", str(calls), "--warmup", str(warmup)])
-            med[m] = bl.summarize(res["per_call_ns"])["median"]
+            med[m] = bl.summarize(run_cpp(exe, commands[m], blocks, calls, warmup)["per_call_ns"])["median"]
         diffs.append(med["same_loop"] - med["native"])
         ratios.append(med["same_loop"] / med["native"])
     return {"pairs": pairs, "minus_native_ns": diffs, "over_native": ratios,

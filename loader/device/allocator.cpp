@@ -192,6 +192,11 @@ std::pair<size_t, size_t> HostAllocator::getMemoryInfo(c10::DeviceIndex device) 
   return {static_cast<size_t>(info.freeram) * info.mem_unit, static_cast<size_t>(info.totalram) * info.mem_unit};
 }
 
+void check_allocated(const c10::TensorImpl& impl, const void* data) {
+  TORCH_CHECK(data != nullptr || impl.numel() == 0 || impl.is_meta(), "max_device: a tensor of ", impl.numel(),
+              " elements has no data allocated yet");
+}
+
 HostAllocator& allocator() {
   static HostAllocator instance(/*device_side=*/true);
   return instance;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/TensorImpl.h>
 
 #include <atomic>
 #include <cstdint>
@@ -94,6 +95,12 @@ class HostAllocator final : public c10::DeviceAllocator {
 
   bool device_side_;
 };
+
+// A storage not allocated yet (lazy allocation: no bytes under a tensor
+// with elements) is an error, as ATen's data pointer check gives, never a
+// null pointer for a plugin or CPU kernel. `data`: the storage's first
+// byte. Callers add which argument of which op the tensor was.
+void check_allocated(const c10::TensorImpl& impl, const void* data);
 
 HostAllocator& allocator();
 HostAllocator& host_side_allocator();

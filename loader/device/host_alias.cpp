@@ -372,10 +372,7 @@ at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor, bool written)
     return tensors_[known].alias;
   }
   auto* device_storage = device_tensor.storage().unsafeGetStorageImpl();
-  // Lazily allocated storage: ATen's data pointer check, never a CPU
-  // kernel writing through the alias's null pointer.
-  TORCH_CHECK(device_storage->data() != nullptr || device_tensor.numel() == 0,
-              "max_device: a tensor of ", device_tensor.numel(), " elements has no data allocated yet");
+  if (C10_UNLIKELY(device_storage->data() == nullptr)) check_allocated(*device_tensor.unsafeGetTensorImpl(), nullptr);
   at::Tensor cpu;
   if (const int64_t shared = position_of(device_storage, Role::DeviceStorage); shared >= 0) {
     cpu = tensor_on(storages_[shared].alias, c10::DispatchKey::CPU, device_tensor);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "device/allocator.h"
 #include "dispatch/host_api.h"
 #include "dispatch/op_table.h"
 
@@ -117,11 +118,16 @@ void CallArgs::add_view(const at::Tensor& t, bool written) {
   traits_.dtypes |= dtype_bit;
   traits_.contiguous = traits_.contiguous && impl.is_contiguous();
   if (dtype_bit == 0) passable_ = false;  // no ABI dtype: the CPU kernel serves it
-  // Storage not allocated yet (lazy allocation): an error here, as ATen's
-  // data pointer check gives, never a null pointer in a plugin (nor in the
-  // CPU kernel, whose alias of these bytes would be null too).
-  TORCH_CHECK(view.data != nullptr || impl.numel() == 0 || impl.is_meta(), "max_device: a tensor argument of ",
-              slot_.name, " has ", impl.numel(), " elements, but its data is not allocated yet");
+  // Before any provider runs, so that none counts a call or a decline.
+  if (C10_UNLIKELY(view.data == nullptr)) {
+    try {
+      device::check_allocated(impl, view.data);
+    } catch (c10::Error& e) {
+      const size_t arg = values_.size() - 1;
+      e.add_context("argument '" + slot_.op.schema().arguments()[arg].name() + "' of " + slot_.name);
+      throw;
+    }
+  }
 }
 
 void CallArgs::add(const at::Tensor& t) {

@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 
 #include <max_device/plugin.h>
@@ -34,6 +35,18 @@ void expect_plugin_error(Fn&& fn, plugins::ErrorKind kind, const std::string& pa
     EXPECT_EQ(e.kind(), kind) << e.what();
     EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
         << "message '" << e.what() << "' lacks '" << part << "'";
+  }
+}
+
+// `call` raises c10::Error and its message has every one of `parts`.
+template <typename Fn>
+void expect_error_naming(Fn&& call, std::initializer_list<const char*> parts) {
+  try {
+    call();
+    ADD_FAILURE() << "expected a c10::Error naming: " << *parts.begin();
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    for (const char* part : parts) EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
   }
 }
 
