@@ -20,9 +20,43 @@
 #include <string>
 #include <string_view>
 
+#include "dispatch/host_api.h"
+
 namespace maxdev::dispatch {
 
 struct OpSlot;
+
+// The storage of one kind of ABI value for one call: sized once, before
+// the first push, inline up to N elements (a common call allocates
+// nothing), so elements never move and pushing checks nothing. T is a C
+// struct of the ABI: a pushed element holds garbage until written.
+template <class T, size_t N>
+class ArgBuffer {
+ public:
+  ArgBuffer() = default;
+  ~ArgBuffer() {
+    if (data_ != inline_) delete[] data_;
+  }
+  ArgBuffer(const ArgBuffer&) = delete;
+  ArgBuffer& operator=(const ArgBuffer&) = delete;
+
+  // Once, before the first push.
+  void reserve(size_t n) {
+    if (n > N) data_ = new T[n];
+  }
+  T& push() { return data_[size_++]; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T* end() { return data_ + size_; }
+  size_t size() const { return size_; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  operator c10::ArrayRef<T>() const { return {data_, size_}; }
+
+ private:
+  T inline_[N];  // left uninitialized: T is trivial
+  T* data_ = inline_;
+  size_t size_ = 0;
+};
 
 class CallArgs {
  public:
@@ -31,24 +65,33 @@ class CallArgs {
 
   // From the boxed arguments of the op (the schema's, in order).
   CallArgs(const OpSlot& slot, c10::ArrayRef<c10::IValue> boxed);
-  // For an unboxed call: `add` each C++ argument in schema order, then
-  // finish(). `box(args, ...)` boxes them when a provider asks.
-  CallArgs(const OpSlot& slot, BoxFn box, const void* args) : slot_(slot), box_(box), cpp_args_(args) {}
+  // For an unboxed call: `add` each C++ argument in schema order.
+  // `box(args, ...)` boxes them when a provider asks. `string_bytes`: the
+  // sizes of the string arguments plus one each, reserved up front.
+  CallArgs(const OpSlot& slot, BoxFn box, const void* args, size_t string_bytes)
+      : slot_(slot), box_(box), cpp_args_(args) {
+    strings_.reserve(string_bytes);
+  }
   CallArgs(const CallArgs&) = delete;
   CallArgs& operator=(const CallArgs&) = delete;
 
-  void add(const at::Tensor& t);
+  // Every buffer is reserved before the first add (the boxed constructor
+  // counts; an unboxed call's tensors fit the inline buffers), so each ABI
+  // value points at its final place as soon as it is added.
+  // `written`: the schema marks the tensor written (in-place self, out=).
+  void add(const at::Tensor& t, bool written);
   void add(const c10::Scalar& s);
   void add(int64_t i);
   void add(bool b);
   void add(double f);
   void add(at::ScalarType type);
   void add(std::optional<at::ScalarType> type);
+  // Borrowed: the caller's list outlives the call.
   void add(at::OptionalIntArrayRef list);
   void add(c10::string_view s);
-  // Points the values at the filled buffers (they may have moved while
-  // growing); the ABI values are valid from here on.
-  void finish();
+
+  // What an unboxed call may pass at most: its buffers are not reserved.
+  static constexpr size_t kInlineValues = 8, kInlineTensors = 8;
 
   const OpSlot& slot() const { return slot_; }
   const maxdev_value* values() const { return values_.data(); }
@@ -86,8 +129,17 @@ class CallArgs {
 
  private:
   size_t view_index(size_t arg) const { return static_cast<size_t>(values_[arg].u.tensor - views_.data()); }
-  maxdev_value& next_value(uint32_t flags = 0);
+  maxdev_value& next_value(uint32_t flags = 0) {
+    maxdev_value& out = values_.push();
+    out = maxdev_value{};
+    out.flags = flags;
+    return out;
+  }
   void add_view(const at::Tensor& t, bool written);
+  [[noreturn]] void devices_differ(c10::Device device) const;
+  // Raises, naming the argument, unless the tensor has no bytes to hold.
+  void check_allocated(const c10::TensorImpl& impl) const;
+  void reserve_for(c10::ArrayRef<c10::IValue> boxed);
   void add_boxed(const c10::IValue& v, size_t arg);
 
   const OpSlot& slot_;
@@ -96,17 +148,57 @@ class CallArgs {
   const void* cpp_args_ = nullptr;
   mutable torch::jit::Stack boxed_storage_;  // what box_ made
 
-  c10::SmallVector<maxdev_value, 8> values_;
-  // Until finish(), the pointers in values_ hold offsets into these buffers.
-  c10::SmallVector<maxdev_tensor, 8> views_;
-  c10::SmallVector<const at::Tensor*, 8> tensors_;
-  c10::SmallVector<int64_t, 8> ints_;
-  c10::SmallVector<double, 2> floats_;
-  c10::SmallVector<uint8_t, 4> bools_;
-  std::string strings_;  // each NUL-terminated, for string_view arguments
+  ArgBuffer<maxdev_value, kInlineValues> values_;
+  ArgBuffer<maxdev_tensor, kInlineTensors> views_;
+  ArgBuffer<const at::Tensor*, kInlineTensors> tensors_;
+  ArgBuffer<int64_t, 8> ints_;  // a boxed call's lists, copied
+  ArgBuffer<double, 2> floats_;
+  ArgBuffer<uint8_t, 4> bools_;
+  ArgBuffer<char, 16> strings_;  // each NUL-terminated, for string_view arguments
   bool passable_ = true;
   c10::DeviceIndex device_index_ = -1;
   TensorTraits traits_;
 };
+
+// Inline: the unboxed trampoline converts its tensors with these, per call.
+
+C10_ALWAYS_INLINE void CallArgs::add_view(const at::Tensor& t, bool written) {
+  const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
+  const c10::Device device = impl.device();
+  if (device.type() == c10::DeviceType::PrivateUse1) {
+    if (C10_UNLIKELY(device_index_ >= 0 && device_index_ != device.index())) devices_differ(device);
+    device_index_ = device.index();
+  } else if (device.is_cpu()) {
+    traits_.on_cpu = true;
+  } else {
+    traits_.off_device = true;
+  }
+  tensors_.push() = &t;
+  maxdev_tensor& view = views_.push();
+  // Storage tested directly: has_storage() is a virtual call that, for
+  // every TensorImpl that is strided and not a wrapper, says the same.
+  if (C10_UNLIKELY(impl.layout() != c10::kStrided || !impl.unsafe_storage() || impl.is_conj() || impl.is_neg())) {
+    view = maxdev_tensor{};
+    passable_ = false;
+    return;
+  }
+  const uint64_t dtype_bit = fill_tensor_view(impl, written, view);
+  traits_.dtypes |= dtype_bit;
+  traits_.contiguous = traits_.contiguous && impl.is_contiguous();
+  if (C10_UNLIKELY(dtype_bit == 0)) passable_ = false;  // no ABI dtype: the CPU kernel serves it
+  // Before any provider runs, so that none counts a call or a decline.
+  if (C10_UNLIKELY(view.data == nullptr)) check_allocated(impl);
+}
+
+C10_ALWAYS_INLINE void CallArgs::add(const at::Tensor& t, bool written) {
+  maxdev_value& out = next_value();
+  if (!t.defined()) {
+    out.kind = MAXDEV_VALUE_NONE;
+    return;
+  }
+  out.kind = MAXDEV_VALUE_TENSOR;
+  out.u.tensor = views_.end();  // views_ does not move: reserved
+  add_view(t, written);
+}
 
 }  // namespace maxdev::dispatch

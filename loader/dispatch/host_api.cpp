@@ -34,19 +34,6 @@ constexpr DtypeEntry kDtypes[] = {
     {c10::ScalarType::ComplexDouble, {MAXDEV_TYPE_COMPLEX, 128, 1}, MAXDEV_DTYPE_COMPLEX128},
 };
 
-// By scalar type, for the per-call lookups.
-constexpr size_t kTypeSlots = static_cast<size_t>(c10::ScalarType::NumOptions);
-const std::array<const DtypeEntry*, kTypeSlots> kByType = [] {
-  std::array<const DtypeEntry*, kTypeSlots> by_type{};
-  for (const auto& e : kDtypes) by_type[static_cast<size_t>(e.type)] = &e;
-  return by_type;
-}();
-
-const DtypeEntry* find(c10::ScalarType type) {
-  const auto index = static_cast<size_t>(type);
-  return index < kTypeSlots ? kByType[index] : nullptr;
-}
-
 // Points output `index` of the call at `t`'s (new) view.
 maxdev_status publish_output(maxdev_host_context& ctx, int32_t index, const at::Tensor& t, const maxdev_tensor** out) {
   maxdev_host_context::Output& output = ctx.outputs[index];
@@ -176,24 +163,12 @@ const maxdev_host_api kHostApi = {
 
 const maxdev_host_api* host_api() { return &kHostApi; }
 
-uint64_t fill_tensor_view(const c10::TensorImpl& impl, bool writable, maxdev_tensor& view) {
-  // The storage's first byte, not the tensor's: an empty tensor has no
-  // data pointer in ATen, but its storage may still hold bytes (an out= of
-  // the wrong size), which a kernel that writes without resizing must find
-  // in bounds. A meta tensor's storage has none. Writing materializes a
-  // copy-on-write storage, as mutable_data_ptr() does.
-  const c10::Storage& storage = impl.unsafe_storage();
-  view.data = !storage ? nullptr : writable ? storage.mutable_data() : const_cast<void*>(storage.data());
-  const caffe2::TypeMeta dtype = impl.dtype();
-  view.byte_offset = static_cast<uint64_t>(impl.storage_offset() * static_cast<int64_t>(dtype.itemsize()));
-  view.device = {impl.is_cpu() ? MAXDEV_DEVICE_CPU : MAXDEV_DEVICE_MAX, 0};
-  view.ndim = static_cast<int32_t>(impl.dim());
-  view.shape = const_cast<int64_t*>(impl.sizes().data());
-  view.strides = const_cast<int64_t*>(impl.strides().data());
-  const DtypeEntry* entry = find(dtype.toScalarType());
-  view.dtype = entry != nullptr ? entry->abi : maxdev_dtype{};
-  return entry != nullptr ? entry->mask : 0;
-}
+// Constant-initialized: no call can see it before it is filled.
+constexpr std::array<AbiDtype, static_cast<size_t>(c10::ScalarType::NumOptions)> kAbiDtypes = [] {
+  std::array<AbiDtype, static_cast<size_t>(c10::ScalarType::NumOptions)> by_type{};
+  for (const auto& e : kDtypes) by_type[static_cast<size_t>(e.type)] = {e.abi, e.mask};
+  return by_type;
+}();
 
 maxdev_tensor tensor_view(const at::Tensor& t, bool writable) {
   maxdev_tensor view;
@@ -202,9 +177,9 @@ maxdev_tensor tensor_view(const at::Tensor& t, bool writable) {
 }
 
 bool to_abi_dtype(c10::ScalarType type, maxdev_dtype* out) {
-  const auto* e = find(type);
-  if (e == nullptr) return false;
-  *out = e->abi;
+  const auto index = static_cast<size_t>(type);
+  if (index >= kAbiDtypes.size() || kAbiDtypes[index].mask == 0) return false;
+  *out = kAbiDtypes[index].abi;
   return true;
 }
 

@@ -158,9 +158,7 @@ namespace {
 // out=) starts as the argument tensor it aliases, borrowed.
 void prepare_outputs(maxdev_host_context& ctx, const OpSignature& sig, const CallArgs& args) {
   ctx.args = &args;
-  const size_t num_outputs = sig.return_aliases.size();
-  for (size_t i = 0; i < num_outputs; ++i) {
-    const int alias = sig.return_aliases[i];
+  for (const int alias : sig.return_aliases) {
     maxdev_host_context::Output& output = ctx.outputs.emplace_back();
     if (alias >= 0) output.alias = &args.tensor_of(static_cast<size_t>(alias));
     ctx.output_ptrs.push_back(alias >= 0 ? args.view_of(static_cast<size_t>(alias)) : nullptr);

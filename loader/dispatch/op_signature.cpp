@@ -54,7 +54,6 @@ SignatureResult plan_signature(const c10::FunctionSchema& schema) {
                                 ", which the plugin ABI cannot pass"};
     }
     const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-    if (*kind == ArgKind::tensor) ++sig.num_tensors_hint;
     sig.args.push_back({*kind, optional, written});
   }
   for (const auto& ret : schema.returns()) {

@@ -24,7 +24,6 @@ struct OpSignature {
   std::string name;                  // "aten::add.out"
   std::vector<ArgPlan> args;
   std::vector<int> return_aliases;   // per return: the argument it aliases, or -1
-  int num_tensors_hint = 0;          // tensor arguments (for reserving)
 };
 
 // The plan for `schema`, or an explanation of why the ABI cannot pass it.

@@ -86,6 +86,24 @@ class BoxedTrampoline final : public c10::OperatorKernel {
   SlotRef slot_;
 };
 
+// What an unboxed string argument takes of CallArgs' string buffer (its
+// bytes and a NUL); nothing for the other types.
+template <class T>
+size_t string_bytes(const T&) {
+  return 0;
+}
+size_t string_bytes(c10::string_view s) { return s.size() + 1; }
+
+// Adds one C++ argument of type Arg: a `Tensor&` is one the op writes.
+template <class Arg>
+void add_arg(CallArgs& call, const std::remove_reference_t<Arg>& value) {
+  if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor>) {
+    call.add(value, std::is_same_v<Arg, at::Tensor&>);
+  } else {
+    call.add(value);
+  }
+}
+
 template <class Fn>
 class UnboxedTrampoline;
 
@@ -95,15 +113,16 @@ template <class Ret, class... Args>
 class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
  public:
   using Sig = Signature<Ret(Args...)>;
+  static_assert((size_t{std::is_same_v<std::decay_t<Args>, at::Tensor>} + ... + 0) <= CallArgs::kInlineTensors,
+                "CallArgs' tensor views must not move while an unboxed call adds them");
 
   explicit UnboxedTrampoline(const OpSlot* slot) : slot_(slot) {}
 
   Ret operator()(Args... args) {
     const OpSlot& slot = slot_.get();
     const auto refs = std::forward_as_tuple(args...);
-    CallArgs call(slot, &box, &refs);
-    (call.add(args), ...);
-    call.finish();
+    CallArgs call(slot, &box, &refs, (string_bytes(args) + ... + size_t{0}));
+    (add_arg<Args>(call, args), ...);
     device::CurrentDeviceScope on_device(call.device_index());
     Returns returns;
     if (!serve(call, returns)) {

@@ -103,3 +103,42 @@ def test_both_paths_serve_on_the_device_of_the_call(plugin_file, load_plugin, pa
     with pytest.raises(RuntimeError, match=r"on the same device.*aten::add\.out"):
         add_out(x.to(DEVICE), x.to(other), torch.empty(16, device=DEVICE))
     assert op_stats("aten::add.out")[:2] == (0, 0)  # refused before any provider ran
+
+
+# A call's ABI values live in buffers sized before the first argument is
+# added (inline for a common call), so that no value moves once a kernel
+# may point at it. These calls pass more than those inline buffers hold.
+
+@pytest.mark.parametrize("path", ["unboxed", "boxed"])
+def test_an_int_list_longer_than_the_inline_buffers_reaches_the_kernel(plugin_file, load_plugin, path):
+    load_plugin(plugin_file("reference"))
+    x = torch.randn([2] * 10)
+    dims = [9, 0, 8, 1, 7, 2, 6, 3, 5]  # nine dims, out of order: the kernel reads every one
+    out = torch.empty(2, device=DEVICE)
+    if path == "unboxed":
+        torch.sum(x.to(DEVICE), dims, out=out)
+    else:
+        torch.ops.aten.sum.IntList_out(x.to(DEVICE), dims, False, dtype=None, out=out)
+    torch.testing.assert_close(out.cpu(), x.sum(dims))
+    assert op_stats("aten::sum.IntList_out")[:2] == (1, 0)
+
+
+def test_tensor_lists_longer_than_the_inline_buffers_reach_the_kernel(plugin_file, load_plugin):
+    load_plugin(plugin_file("fast"))
+    shapes = [(3, 5), (7,), (2, 2, 2), (11,), (1,), (4, 3), (6,), (5, 5), (9,), (2, 7), (8,), (3, 3)]
+    torch.manual_seed(0)
+    lists = [[torch.randn(s) for s in shapes] for _ in range(4)]  # params, grads, exp_avgs, exp_avg_sqs
+    lists[3] = [v.abs() for v in lists[3]]
+    steps = [torch.tensor(3.0) for _ in shapes]
+    on_device = [[t.to(DEVICE) for t in ts] for ts in lists] + [[s.to(DEVICE) for s in steps]]
+
+    def step(ts, steps):
+        torch._fused_adamw_(ts[0], ts[1], ts[2], ts[3], [], steps, lr=1e-2, beta1=0.9, beta2=0.999,
+                            weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
+
+    step(on_device, on_device[4])
+    step(lists, steps)
+    for got, want in zip(on_device[:4], lists):
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w)
+    assert op_stats("aten::_fused_adamw_")[:2] == (1, 0)
