@@ -109,22 +109,29 @@ def test_both_paths_serve_on_the_device_of_the_call(plugin_file, load_plugin, pa
 # added (inline for a common call), so that no value moves once a kernel
 # may point at it. These calls pass more than those inline buffers hold.
 
-@pytest.mark.parametrize("path", ["unboxed", "boxed"])
-def test_an_int_list_longer_than_the_inline_buffers_reaches_the_kernel(plugin_file, load_plugin, path):
-    load_plugin(plugin_file("reference"))
+def test_an_int_list_longer_than_the_inline_buffers_reaches_the_kernel_unboxed(plugin_file, load_plugin):
+    plugin = load_plugin(plugin_file("reference"))
+    assert call_paths(plugin)["aten::sum.IntList_out"] == "unboxed"  # the list is borrowed from the caller
     x = torch.randn([2] * 10)
     dims = [9, 0, 8, 1, 7, 2, 6, 3, 5]  # nine dims, out of order: the kernel reads every one
     out = torch.empty(2, device=DEVICE)
-    if path == "unboxed":
-        torch.sum(x.to(DEVICE), dims, out=out)
-    else:
-        torch.ops.aten.sum.IntList_out(x.to(DEVICE), dims, False, dtype=None, out=out)
+    torch.sum(x.to(DEVICE), dims, out=out)
     torch.testing.assert_close(out.cpu(), x.sum(dims))
     assert op_stats("aten::sum.IntList_out")[:2] == (1, 0)
 
 
+def test_an_int_list_longer_than_the_inline_buffers_reaches_the_kernel_boxed(plugin_file, load_plugin):
+    plugin = load_plugin(plugin_file("fast"))
+    assert call_paths(plugin)["aten::native_layer_norm"] == "boxed"  # SymInt[]: the list is copied
+    x, w, b = torch.randn([2] * 10), torch.randn([2] * 9), torch.randn([2] * 9)
+    got = torch.nn.functional.layer_norm(x.to(DEVICE), [2] * 9, w.to(DEVICE), b.to(DEVICE))
+    torch.testing.assert_close(got.cpu(), torch.nn.functional.layer_norm(x, [2] * 9, w, b))
+    assert op_stats("aten::native_layer_norm")[:2] == (1, 0)
+
+
 def test_tensor_lists_longer_than_the_inline_buffers_reach_the_kernel(plugin_file, load_plugin):
-    load_plugin(plugin_file("fast"))
+    plugin = load_plugin(plugin_file("fast"))
+    assert call_paths(plugin)["aten::_fused_adamw_"] == "boxed"
     shapes = [(3, 5), (7,), (2, 2, 2), (11,), (1,), (4, 3), (6,), (5, 5), (9,), (2, 7), (8,), (3, 3)]
     torch.manual_seed(0)
     lists = [[torch.randn(s) for s in shapes] for _ in range(4)]  # params, grads, exp_avgs, exp_avg_sqs
