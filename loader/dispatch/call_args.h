@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "dispatch/host_api.h"
 
@@ -32,6 +33,8 @@ struct OpSlot;
 // struct of the ABI: a pushed element holds garbage until written.
 template <class T, size_t N>
 class ArgBuffer {
+  static_assert(std::is_trivial_v<T>);
+
  public:
   ArgBuffer() = default;
   ~ArgBuffer() {

@@ -36,7 +36,9 @@ def test_other_signatures_are_called_boxed_and_still_served(plugin_file, load_pl
 
 
 # The same op called both ways: torch.relu / torch.add go through PyTorch's
-# C++ API (unboxed); torch.ops.aten.<op>.<overload> is a boxed call.
+# C++ API (unboxed); torch.ops.aten.<op>.<overload> is a boxed call, which
+# the dispatcher unboxes again for an op whose trampoline is unboxed (the
+# boxed trampoline serves the ops of other signatures: the tests at the end).
 CALLS = {
     "unboxed": {"relu": torch.relu, "add_out": lambda a, b, out: torch.add(a, b, alpha=2, out=out)},
     "boxed": {"relu": torch.ops.aten.relu.default,
