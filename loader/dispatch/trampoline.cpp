@@ -113,8 +113,10 @@ template <class Ret, class... Args>
 class UnboxedTrampoline<Ret(Args...)> final : public c10::OperatorKernel {
  public:
   using Sig = Signature<Ret(Args...)>;
-  static_assert((size_t{std::is_same_v<std::decay_t<Args>, at::Tensor>} + ... + 0) <= CallArgs::kInlineTensors,
-                "CallArgs' tensor views must not move while an unboxed call adds them");
+  // An unboxed call's values and tensor views stay in CallArgs' inline
+  // buffers, which it does not reserve.
+  static_assert(sizeof...(Args) <= CallArgs::kInlineValues &&
+                (size_t{std::is_same_v<std::decay_t<Args>, at::Tensor>} + ... + 0) <= CallArgs::kInlineTensors);
 
   explicit UnboxedTrampoline(const OpSlot* slot) : slot_(slot) {}
 

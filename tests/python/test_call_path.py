@@ -131,6 +131,20 @@ def test_an_int_list_longer_than_the_inline_buffers_reaches_the_kernel_boxed(plu
     assert op_stats("aten::native_layer_norm")[:2] == (1, 0)
 
 
+def test_a_string_longer_than_the_inline_buffer_reaches_the_kernel(plugin_file, load_plugin):
+    plugin = load_plugin(plugin_file("reference"))
+    assert call_paths(plugin)["aten::gelu.out"] == "unboxed"  # the string is copied, NUL-terminated
+    x = torch.randn(8)
+    mode = "tanh-but-spelled-out-at-length"  # past the 16 inline bytes; no gelu mode
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch.nn.functional.gelu(x, approximate=mode, out=torch.empty(8))
+    # The kernel reads it whole and declines it; the CPU kernel raises its own error.
+    with pytest.raises(RuntimeError) as on_device:
+        torch.nn.functional.gelu(x.to(DEVICE), approximate=mode, out=torch.empty(8, device=DEVICE))
+    assert str(on_device.value) == str(on_cpu.value)
+    assert op_stats("aten::gelu.out") == (0, 1, 1)
+
+
 def test_tensor_lists_longer_than_the_inline_buffers_reach_the_kernel(plugin_file, load_plugin):
     plugin = load_plugin(plugin_file("fast"))
     assert call_paths(plugin)["aten::_fused_adamw_"] == "boxed"
