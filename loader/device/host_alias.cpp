@@ -35,10 +35,20 @@ c10::Storage alias_storage(c10::StorageImpl* device_storage) {
   return alias;
 }
 
+// Element by element, inline: IntArrayRef's == calls memcmp, several times
+// the cost for the one to four dimensions of most tensors.
+bool same_ints(c10::IntArrayRef a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
   // A pooled alias often had this shape last time (the same tensor again):
   // then only the offset is set, without recomputing the contiguity flags.
-  if (impl->sizes() == like.sizes() && impl->strides() == like.strides()) {
+  if (same_ints(impl->sizes(), like.sizes()) && same_ints(impl->strides(), like.strides())) {
     impl->set_storage_offset(like.storage_offset());
   } else {
     impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
@@ -141,15 +151,17 @@ class AliasPool {
   // Enough for a fused optimizer's lists (5 lists x the parameters).
   static constexpr size_t kCapacity = 512;
 
-  // An alias of `device_tensor` (whose storage no other alias of the call
-  // shares), or an undefined tensor when none is parked.
-  at::Tensor take(const at::Tensor& device_tensor) {
+  // An alias of `device_tensor` over `device_storage`, its storage (which
+  // no other alias of the call shares), or an undefined tensor when none is
+  // parked.
+  at::Tensor take(const at::Tensor& device_tensor, c10::StorageImpl* device_storage) {
     auto& parked = parked_[c10::InferenceMode::is_enabled()];
     if (parked.empty()) return {};
     at::Tensor alias = std::move(parked.back());
     parked.pop_back();
     auto* impl = alias.unsafeGetTensorImpl();
-    point_at(impl->storage().unsafeGetStorageImpl(), device_tensor.storage().unsafeGetStorageImpl());
+    // A parked alias is a plain TensorImpl with a storage (park checks).
+    point_at(impl->unsafe_storage().unsafeGetStorageImpl(), device_storage);
     if (impl->dtype() != device_tensor.dtype()) impl->set_storage_and_dtype(impl->storage(), device_tensor.dtype());
     take_geometry(impl, device_tensor);
     return alias;
@@ -168,7 +180,7 @@ class AliasPool {
         impl->get_backend_meta() != nullptr || impl->is_wrapped_number() || !impl->has_storage()) {
       return;
     }
-    const c10::Storage& storage = impl->storage();
+    const c10::Storage& storage = impl->unsafe_storage();
     auto* storage_impl = storage.unsafeGetStorageImpl();
     if (storage.use_count() != 1 || c10::raw::weak_intrusive_ptr::use_count(storage_impl) != 1 ||
         storage_impl->pyobj_slot()->load_pyobj() != nullptr || storage_impl->allocator() != &host_side_allocator()) {
@@ -253,7 +265,7 @@ bool convert_in_place(const at::Tensor& result) {
       !impl->has_storage()) {
     return false;
   }
-  const c10::Storage& storage = impl->storage();
+  const c10::Storage& storage = impl->unsafe_storage();  // a plain TensorImpl with a storage
   auto* storage_impl = storage.unsafeGetStorageImpl();
   if (storage.use_count() != 1 || !storage_impl->resizable() || storage_impl->allocator() != c10::GetCPUAllocator() ||
       storage_impl->device_type() != c10::kCPU) {
@@ -309,9 +321,6 @@ void rehost(const c10::Storage& device_storage, const c10::Storage& cpu_storage)
 
 namespace {
 
-// Below this many tensors a scan beats hashing (most calls have one to four).
-constexpr size_t kIndexFromTensors = 16;
-
 template <typename Entries, typename Key>
 int64_t scan(const Entries& entries, const void* key, Key key_of) {
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -341,12 +350,11 @@ int64_t HostAliasScope::position_of(const void* key, Role role) const {
   return -1;
 }
 
-void HostAliasScope::note(const void* key, Role role, size_t position) {
+void HostAliasScope::note_indexed(const void* key, Role role, size_t position) {
   if (index_) {
     index_->add(key, role, position);
     return;
   }
-  if (tensors_.size() < kIndexFromTensors) return;
   // The call grew large: index everything so far, this entry included.
   AliasPool* pool = alias_pool();
   index_ = pool != nullptr && pool->spare_index ? std::move(pool->spare_index) : std::make_unique<Index>();
@@ -377,11 +385,12 @@ at::Tensor HostAliasScope::to_cpu(const at::Tensor& device_tensor, bool written)
   if (const int64_t shared = position_of(device_storage, Role::DeviceStorage); shared >= 0) {
     cpu = tensor_on(storages_[shared].alias, c10::DispatchKey::CPU, device_tensor);
   } else {
-    if (AliasPool* pool = alias_pool()) cpu = pool->take(device_tensor);
+    if (AliasPool* pool = alias_pool()) cpu = pool->take(device_tensor, device_storage);
     if (!cpu.defined()) cpu = tensor_on(alias_storage(device_storage), c10::DispatchKey::CPU, device_tensor);
-    storages_.push_back({device_storage, cpu.storage(), cpu.storage().data()});
+    const c10::Storage& alias = cpu.unsafeGetTensorImpl()->unsafe_storage();  // ours: a plain TensorImpl
+    storages_.push_back({device_storage, alias, alias.data()});
     note(device_storage, Role::DeviceStorage, storages_.size() - 1);
-    note(cpu.storage().unsafeGetStorageImpl(), Role::AliasStorage, storages_.size() - 1);
+    note(alias.unsafeGetStorageImpl(), Role::AliasStorage, storages_.size() - 1);
   }
   tensors_.push_back({cpu, device_tensor, written});
   note(device_impl, Role::DeviceTensor, tensors_.size() - 1);

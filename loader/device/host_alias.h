@@ -63,13 +63,20 @@ class HostAliasScope {
   // What the scope's objects are, by address: an index entry's kind.
   enum class Role : uint32_t { DeviceTensor, AliasTensor, DeviceStorage, AliasStorage, AdoptedCpuStorage };
   class Index;
+  // Below this many tensors a scan beats hashing (most calls have one to four).
+  static constexpr size_t kIndexFromTensors = 16;
 
   const StoragePair* find_alias(const c10::StorageImpl* alias_storage) const;
   c10::Storage device_storage_for(const c10::Storage& cpu_storage);
   // The position in tensors_/storages_/adopted_ of the entry whose `role`
   // object is `key`, or -1.
   int64_t position_of(const void* key, Role role) const;
-  void note(const void* key, Role role, size_t position);
+  // Records a new entry in the index, once the call has one or grew large
+  // enough to need it; inline, since most calls have neither.
+  void note(const void* key, Role role, size_t position) {
+    if (index_ || tensors_.size() >= kIndexFromTensors) note_indexed(key, role, position);
+  }
+  void note_indexed(const void* key, Role role, size_t position);
   void sync_back(const at::Tensor& device_tensor, const at::Tensor& alias);
 
   c10::SmallVector<StoragePair, 4> storages_;

@@ -41,7 +41,8 @@ struct OpEntry {
 
 class FallbackRegistry {
  public:
-  FallbackRegistry() {
+  // Out of line: registry(), on every fallback call, stays a guard check.
+  C10_NOINLINE FallbackRegistry() {
     if (const char* env = std::getenv("MAX_DEVICE_FALLBACK")) configure(env);
   }
 
@@ -219,11 +220,12 @@ void set_fallback_impl(FallbackImpl impl) { registry().impl = impl; }
 namespace {
 
 OpEntry& note_fallback(const c10::OperatorHandle& op) {
-  OpEntry& e = registry().entry(op);
+  FallbackRegistry& fallbacks = registry();
+  OpEntry& e = fallbacks.entry(op);
   if (!staged_on_this_thread()) e.count.fetch_add(1, std::memory_order_relaxed);
   int8_t own = e.policy.load(std::memory_order_relaxed);
   if (own == kNoOverride && e.base != nullptr) own = e.base->policy.load(std::memory_order_relaxed);
-  const auto policy = own == kNoOverride ? registry().global.load(std::memory_order_relaxed)
+  const auto policy = own == kNoOverride ? fallbacks.global.load(std::memory_order_relaxed)
                                          : static_cast<FallbackPolicy>(own);
   if (policy == FallbackPolicy::allow) return e;
   if (policy == FallbackPolicy::error) {
