@@ -29,12 +29,12 @@ void CallArgs::reserve_for(c10::ArrayRef<c10::IValue> boxed) {
       default: break;
     }
   }
-  values_.reserve(boxed.size());
-  views_.reserve(tensors);
-  tensors_.reserve(tensors);
-  ints_.reserve(ints);
-  floats_.reserve(floats);
-  bools_.reserve(bools);
+  values_.reserve(boxed.size(), heap_);
+  views_.reserve(tensors, heap_);
+  tensors_.reserve(tensors, heap_);
+  ints_.reserve(ints, heap_);
+  floats_.reserve(floats, heap_);
+  bools_.reserve(bools, heap_);
 }
 
 void CallArgs::add_boxed(const c10::IValue& v, size_t arg) {
@@ -177,8 +177,9 @@ void CallArgs::add(c10::string_view s) {
 
 c10::ArrayRef<c10::IValue> CallArgs::boxed() const {
   if (box_ == nullptr) return boxed_;
-  if (boxed_storage_.empty()) box_(cpp_args_, boxed_storage_);
-  return boxed_storage_;
+  if (!heap_) heap_ = std::make_unique<ArgHeap>();
+  if (heap_->boxed.empty()) box_(cpp_args_, heap_->boxed);
+  return heap_->boxed;
 }
 
 }  // namespace maxdev::dispatch

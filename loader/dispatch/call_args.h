@@ -16,10 +16,13 @@
 #include <c10/util/SmallVector.h>
 #include <max_device/plugin.h>
 
+#include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "dispatch/host_api.h"
 
@@ -27,25 +30,35 @@ namespace maxdev::dispatch {
 
 struct OpSlot;
 
+// What a call's ArgBuffers allocate beyond their inline sizes, owned in
+// one place: destroying a call that allocated nothing (a common one) checks
+// one pointer, not one per buffer.
+struct ArgHeap {
+  std::vector<std::unique_ptr<std::byte[]>> blocks;
+  torch::jit::Stack boxed;  // what CallArgs' BoxFn made
+};
+
 // The storage of one kind of ABI value for one call: sized once, before
 // the first push, inline up to N elements (a common call allocates
 // nothing), so elements never move and pushing checks nothing. T is a C
 // struct of the ABI: a pushed element holds garbage until written.
 template <class T, size_t N>
 class ArgBuffer {
-  static_assert(std::is_trivial_v<T>);
+  static_assert(std::is_trivial_v<T> && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
 
  public:
   ArgBuffer() = default;
-  ~ArgBuffer() {
-    if (data_ != inline_) delete[] data_;
-  }
   ArgBuffer(const ArgBuffer&) = delete;
   ArgBuffer& operator=(const ArgBuffer&) = delete;
 
-  // Once, before the first push.
-  void reserve(size_t n) {
-    if (n > N) data_ = new T[n];
+  // Once, before the first push; a block beyond N elements comes from (and
+  // lives as long as) `heap`, made on first need.
+  void reserve(size_t n, std::unique_ptr<ArgHeap>& heap) {
+    if (n <= N) return;
+    if (!heap) heap = std::make_unique<ArgHeap>();
+    std::unique_ptr<std::byte[]> block(new std::byte[n * sizeof(T)]);
+    data_ = reinterpret_cast<T*>(block.get());
+    heap->blocks.push_back(std::move(block));
   }
   T& push() { return data_[size_++]; }
   T* data() { return data_; }
@@ -73,7 +86,7 @@ class CallArgs {
   // sizes of the string arguments plus one each, reserved up front.
   CallArgs(const OpSlot& slot, BoxFn box, const void* args, size_t string_bytes)
       : slot_(slot), box_(box), cpp_args_(args) {
-    strings_.reserve(string_bytes);
+    strings_.reserve(string_bytes, heap_);
   }
   CallArgs(const CallArgs&) = delete;
   CallArgs& operator=(const CallArgs&) = delete;
@@ -149,7 +162,6 @@ class CallArgs {
   c10::ArrayRef<c10::IValue> boxed_;
   BoxFn box_ = nullptr;
   const void* cpp_args_ = nullptr;
-  mutable torch::jit::Stack boxed_storage_;  // what box_ made
 
   ArgBuffer<maxdev_value, kInlineValues> values_;
   ArgBuffer<maxdev_tensor, kInlineTensors> views_;
@@ -161,6 +173,8 @@ class CallArgs {
   bool passable_ = true;
   c10::DeviceIndex device_index_ = -1;
   TensorTraits traits_;
+  // Last, so destroyed first: the buffers that point into it destroy nothing.
+  mutable std::unique_ptr<ArgHeap> heap_;
 };
 
 // Inline: the unboxed trampoline converts its tensors with these, per call.

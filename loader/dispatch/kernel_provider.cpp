@@ -267,8 +267,10 @@ bool KernelProvider::run(const CallArgs& args, Returns& returns) {
     }
   }
   if (checking) check_contract(*owner_, slot, args.boxed(), ctx, *read_only);
-  // Aliased returns are the trampoline's to make (Provider::run).
-  for (auto& output : ctx.outputs) returns.emplace_back(std::move(output.allocated));
+  // Aliased returns are the trampoline's to make (Provider::run): None here.
+  for (auto& output : ctx.outputs) {
+    returns.emplace_back(output.alias != nullptr ? c10::IValue() : c10::IValue(std::move(output.allocated)));
+  }
   return true;
 }
 
